@@ -1,0 +1,351 @@
+package outboxbun_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	_ "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/mysqldialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
+	"github.com/uptrace/bun/dialect/sqlitedialect"
+	"github.com/uptrace/bun/driver/pgdriver"
+	"github.com/uptrace/bun/schema"
+	"go.uber.org/goleak"
+	_ "modernc.org/sqlite"
+
+	"github.com/txoutbox/outbox"
+	outboxbun "github.com/txoutbox/outbox/adapters/bun"
+	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	outboxsql "github.com/txoutbox/outbox/adapters/sql"
+	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
+	"github.com/txoutbox/outbox/outboxtest"
+	outboxmem "github.com/txoutbox/outbox/transports/memory"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+}
+
+// setups are the bun configurations every test runs on: PostgreSQL on bun's pgdriver and
+// on pgx's stdlib driver, MySQL/MariaDB and SQLite.
+var setups = []struct {
+	name, dialect string
+	open          func(dsn string) (*sql.DB, error)
+	bun           func() schema.Dialect
+}{
+	{"postgres-pgdriver", "postgres",
+		func(dsn string) (*sql.DB, error) {
+			return sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn))), nil
+		},
+		func() schema.Dialect { return pgdialect.New() }},
+	{"postgres-pgx", "postgres",
+		func(dsn string) (*sql.DB, error) { return sql.Open("pgx", dsn) },
+		func() schema.Dialect { return pgdialect.New() }},
+	{"mysql", "mysql",
+		func(dsn string) (*sql.DB, error) { return sql.Open("mysql", dsn) },
+		func() schema.Dialect { return mysqldialect.New() }},
+	{"sqlite", "sqlite",
+		func(dsn string) (*sql.DB, error) { return sql.Open("sqlite", dsn) },
+		func() schema.Dialect { return sqlitedialect.New() }},
+}
+
+type testOutbox struct {
+	*outboxbun.Outbox
+	*sqlstoretest.Target
+	db *bun.DB
+}
+
+func newTestOutbox(t testing.TB, i int, opts ...outboxbun.Option) *testOutbox {
+	t.Helper()
+	s := setups[i]
+	tg := sqlstoretest.New(t, s.dialect, s.open)
+	db := bun.NewDB(tg.DB, s.bun())
+	o, err := outboxbun.New(tg.Tables, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	return &testOutbox{Outbox: o, Target: tg, db: db}
+}
+
+// publish is the fixtures' Publish: one db.RunInTx, committed or rolled back.
+func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.Encodable) error {
+	err := o.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		if err := o.Publish(ctx, tx, events...); err != nil {
+			return err
+		}
+		if !commit {
+			return sqlstoretest.ErrRollback
+		}
+		return nil
+	})
+	if errors.Is(err, sqlstoretest.ErrRollback) {
+		return nil
+	}
+	return err
+}
+
+func TestConformance(t *testing.T) {
+	for i, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			outboxtest.ExerciseStore(t, func(t *testing.T) *outboxtest.StoreFixture {
+				o := newTestOutbox(t, i)
+				store, err := o.NewStore(o.db)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o.Fixture(store, o.publish)
+			})
+		})
+	}
+}
+
+// Order is a business row.
+type Order struct {
+	ID    int64 `bun:",pk"`
+	Total int64 `bun:",notnull"`
+}
+
+type OrderPlaced struct {
+	OrderID int64 `json:"order_id"`
+}
+
+func (OrderPlaced) EventType() string { return "orders.placed" }
+
+// TestOrderAndEventCommitTogether: an order inserted with bun and its event, in one
+// db.RunInTx, both commit; when the function fails, both roll back.
+func TestOrderAndEventCommitTogether(t *testing.T) {
+	for i, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			o := newTestOutbox(t, i)
+			orders := o.Table("orders")
+			if _, err := o.db.NewCreateTable().Model((*Order)(nil)).ModelTableExpr(orders).Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+			place := func(id int64, fail error) error {
+				return o.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+					if _, err := tx.NewInsert().Model(&Order{ID: id, Total: 42}).ModelTableExpr(orders).Exec(ctx); err != nil {
+						return err
+					}
+					if err := o.Publish(ctx, tx, outbox.New(OrderPlaced{id}, outbox.WithKey("orders"))); err != nil {
+						return err
+					}
+					return fail
+				})
+			}
+			if err := place(1, nil); err != nil {
+				t.Fatal(err)
+			}
+			boom := errors.New("payment declined")
+			if err := place(2, boom); !errors.Is(err, boom) {
+				t.Fatalf("RunInTx returned %v, want %v", err, boom)
+			}
+
+			rows, err := o.db.NewSelect().Model((*Order)(nil)).ModelTableExpr(orders).Count(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			store, err := o.NewStore(o.db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := outboxmem.New(nil)
+			relay, err := outbox.NewRelay(store, q, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := relay.RunOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			sent := q.Sent()
+			if rows != 1 || len(sent) != 1 {
+				t.Fatalf("%d orders and %d events delivered, want 1 and 1", rows, len(sent))
+			}
+			if e, err := outbox.Decode[OrderPlaced](sent[0]); err != nil || e.Payload.OrderID != 1 {
+				t.Fatalf("delivered %+v (%v), want order 1", e, err)
+			}
+		})
+	}
+}
+
+// TestPublishOutsideTransaction: a *bun.DB or bun.Conn is refused unless the outbox allows
+// it; a nested transaction (a savepoint) is a transaction.
+func TestPublishOutsideTransaction(t *testing.T) {
+	const sqliteSetup = 3
+	ctx := context.Background()
+	strict := newTestOutbox(t, sqliteSetup)
+	if err := strict.Publish(ctx, strict.db, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+		t.Fatalf("Publish on a *bun.DB = %v, want ErrNotInTransaction", err)
+	}
+	conn, err := strict.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := strict.Publish(ctx, conn, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+		t.Fatalf("Publish on a bun.Conn = %v, want ErrNotInTransaction", err)
+	}
+	conn.Close()
+	if err := outboxbun.Publish(ctx, nil, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+		t.Fatalf("Publish(nil) = %v, want ErrNotInTransaction", err)
+	}
+	err = strict.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		return tx.RunInTx(ctx, nil, func(ctx context.Context, nested bun.Tx) error {
+			return strict.Publish(ctx, nested, outbox.New(OrderPlaced{1}))
+		})
+	})
+	if err != nil {
+		t.Fatalf("Publish in a nested transaction: %v", err)
+	}
+
+	lax := newTestOutbox(t, sqliteSetup, outboxbun.AllowNoTx())
+	if err := lax.Publish(ctx, lax.db, outbox.New(OrderPlaced{1})); err != nil {
+		t.Fatalf("Publish with AllowNoTx: %v", err)
+	}
+	for _, o := range []*testOutbox{strict, lax} {
+		if n, err := o.Pending(ctx); err != nil || n != 1 {
+			t.Fatalf("%d pending (%v), want 1", n, err)
+		}
+	}
+}
+
+// TestMigrateTx: on PostgreSQL and SQLite the outbox's tables come and go with the caller's
+// transaction; on MySQL MigrateTx refuses.
+func TestMigrateTx(t *testing.T) {
+	for _, i := range []int{0, 2, 3} {
+		s := setups[i]
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			tg := sqlstoretest.New(t, s.dialect, s.open)
+			db := bun.NewDB(tg.DB, s.bun())
+			o, err := outboxbun.New(tg.Tables)
+			if err != nil {
+				t.Fatal(err)
+			}
+			errRollback := errors.New("roll back")
+			err = db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+				if err := o.MigrateTx(ctx, tx); err != nil {
+					return err
+				}
+				return errRollback
+			})
+			if s.dialect == "mysql" {
+				if err == nil || errors.Is(err, errRollback) {
+					t.Fatalf("MigrateTx on MySQL: %v, want a refusal", err)
+				}
+				return
+			}
+			if !errors.Is(err, errRollback) {
+				t.Fatal(err)
+			}
+			if _, err := tg.Pending(ctx); err == nil {
+				t.Fatal("the outbox exists after MigrateTx's transaction rolled back")
+			}
+		})
+	}
+}
+
+// TestRelayedByOtherAdapters: events written through bun are delivered, intact and in
+// order, by a relay on another adapter's store over the same tables: outboxpgx's (on its
+// own pgxpool) for PostgreSQL, outboxsql's for MySQL and SQLite.
+func TestRelayedByOtherAdapters(t *testing.T) {
+	for i, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			o := newTestOutbox(t, i)
+			var events []outbox.Encodable
+			for n := range 20 {
+				events = append(events, outbox.New(outboxtest.Note{Text: "from bun", N: n},
+					outbox.WithKey("k"), outbox.WithHeader("source", "bun")))
+			}
+			if err := o.publish(ctx, true, events...); err != nil {
+				t.Fatal(err)
+			}
+			var store outbox.Store
+			switch s.dialect {
+			case "postgres":
+				pool, err := pgxpool.New(ctx, o.DSN)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer pool.Close()
+				other, err := outboxpgx.New(o.Tables)
+				if err != nil {
+					t.Fatal(err)
+				}
+				store = other.NewStore(pool)
+			default:
+				d := outboxsql.MySQL
+				if s.dialect == "sqlite" {
+					d = outboxsql.SQLite
+				}
+				other, err := outboxsql.New(d, o.Tables)
+				if err != nil {
+					t.Fatal(err)
+				}
+				store = other.NewStore(o.DB)
+			}
+			q := outboxmem.New(nil)
+			outboxtest.RunRelays(t, store, q, 1, &outbox.RelayConfig{Name: "other"},
+				func() bool { return len(q.Sent()) == len(events) })
+			for n, m := range q.Sent() {
+				want, _ := events[n].Encode()
+				if err := outboxtest.SameMessage(m, want); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
+
+func TestIdempotency(t *testing.T) {
+	for i, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture {
+				o := newTestOutbox(t, i)
+				effects := o.Table("effects")
+				ctx := context.Background()
+				if _, err := o.db.ExecContext(ctx, "CREATE TABLE "+effects+" (event_id CHAR(36) NOT NULL, text TEXT NOT NULL)"); err != nil {
+					t.Fatal(err)
+				}
+				store, err := o.NewStore(o.db)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dl, err := o.NewDeadLetters(o.db)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return &outboxtest.IdempotencyFixture{
+					Store: store,
+					Handler: func(fail func(outbox.Event[outboxtest.Note]) error) consumer.Handler[outboxtest.Note] {
+						return outboxbun.IdempotentAt(o.Outbox, o.db, func(ctx context.Context, tx bun.Tx, e outbox.Event[outboxtest.Note]) error {
+							if _, err := tx.ExecContext(ctx, "INSERT INTO "+effects+" VALUES (?, ?)", e.ID.String(), e.Payload.Text); err != nil {
+								return err
+							}
+							return fail(e)
+						})
+					},
+					Effects: func(ctx context.Context) (n int, err error) {
+						err = o.db.QueryRowContext(ctx, "SELECT count(*) FROM "+effects).Scan(&n)
+						return n, err
+					},
+					DeadLetters: dl,
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,176 @@
+// Package outboxgorm stores txoutbox events through GORM: Publish writes them in the
+// caller's GORM transaction (db.Transaction or Begin), on the transaction's own connection,
+// with no second connection and no extra commit; NewStore gives the relay its leased claims
+// over the *gorm.DB's pool.
+//
+// The dialect follows the GORM dialector: "postgres" (gorm.io/driver/postgres, whichever
+// database/sql driver it runs on), "mysql" (gorm.io/driver/mysql; MySQL 8.0.13+ or MariaDB
+// 10.6+; keep the DSN's loc at UTC, the default) or "sqlite" (a pure-Go driver such as
+// github.com/glebarez/sqlite, or gorm.io/driver/sqlite; SQLite 3.35+, opened in WAL mode
+// with a busy timeout). The SQL is the one every txoutbox adapter shares, so
+// events written here can be relayed by any of them.
+//
+// On the consumer side, IdempotentAt runs a handler in a GORM transaction that also records
+// the event in the inbox, and NewDeadLetters opens the dead-letter table.
+//
+// Publish sends its SQL straight to the transaction's connection, past GORM's callbacks,
+// hooks and logger: the outbox is not a GORM model.
+package outboxgorm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"gorm.io/gorm"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/sqlstore"
+)
+
+// Outbox is an outbox at configured table names, in whichever dialect the *gorm.DB speaks.
+// The package-level functions use the default names (table "outbox" in the connection's
+// default schema) and insist on a transaction.
+type Outbox struct {
+	names     map[string]*sqlstore.Names
+	allowNoTx bool
+}
+
+// Option configures an [Outbox].
+type Option func(*Outbox)
+
+// AllowNoTx lets Publish write through a *gorm.DB that is not in a transaction: each call
+// then commits on its own, whatever happens to the caller's other writes. Use it only where
+// that is the point (a job that publishes and changes nothing else); without it such a
+// call fails with [outbox.ErrNotInTransaction].
+func AllowNoTx() Option { return func(o *Outbox) { o.allowNoTx = true } }
+
+// New validates t and returns an outbox at those names.
+func New(t outbox.Tables, opts ...Option) (*Outbox, error) {
+	names, err := sqlstore.NamesByDialect(t)
+	if err != nil {
+		return nil, err
+	}
+	o := &Outbox{names: names}
+	for _, opt := range opts {
+		opt(o)
+	}
+	return o, nil
+}
+
+var defaultOutbox = func() *Outbox {
+	o, err := New(outbox.Tables{})
+	if err != nil {
+		panic(err)
+	}
+	return o
+}()
+
+// Publish writes events to the default outbox inside tx. See [Outbox.Publish].
+func Publish(tx *gorm.DB, events ...outbox.Encodable) error {
+	return defaultOutbox.Publish(tx, events...)
+}
+
+// Migrate creates or upgrades the default outbox's tables. See [Outbox.Migrate].
+func Migrate(db *gorm.DB) error { return defaultOutbox.Migrate(db) }
+
+// NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
+func NewStore(db *gorm.DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
+
+// Publish writes events inside tx, the *gorm.DB of a db.Transaction callback or of Begin;
+// they become visible to the relay when tx commits and vanish if it rolls back. The context
+// is tx's (db.WithContext). An event that cannot be encoded fails the call before anything
+// is written. A tx outside a transaction fails with [outbox.ErrNotInTransaction] unless the
+// outbox was built with [AllowNoTx].
+func (o *Outbox) Publish(tx *gorm.DB, events ...outbox.Encodable) error {
+	if tx == nil || tx.Statement == nil || tx.Statement.ConnPool == nil {
+		return fmt.Errorf("outboxgorm: %w: got a nil *gorm.DB", outbox.ErrNotInTransaction)
+	}
+	d, n, err := o.dialect(tx)
+	if err != nil {
+		return err
+	}
+	pool := tx.Statement.ConnPool
+	if _, inTx := pool.(gorm.TxCommitter); !inTx && !o.allowNoTx {
+		return fmt.Errorf("outboxgorm: %w: this *gorm.DB is not inside db.Transaction or Begin (build the Outbox with AllowNoTx to publish outside one)", outbox.ErrNotInTransaction)
+	}
+	ctx := contextOf(tx)
+	if err := sqlstore.Publish(ctx, d, sqlstore.StdQuerier(pool), n, events); err != nil {
+		return fmt.Errorf("outboxgorm: %w", err)
+	}
+	return nil
+}
+
+// Migrate creates or upgrades the outbox's tables over db's pool; concurrent callers wait
+// for each other, and it is safe to call at every start. PostgreSQL and SQLite migrate in
+// one transaction. MySQL commits DDL as it goes, so there a lock keeps migrators apart and
+// every step is idempotent: an interrupted migration completes at the next call.
+func (o *Outbox) Migrate(db *gorm.DB) error {
+	d, n, err := o.dialect(db)
+	if err != nil {
+		return err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return fmt.Errorf("outboxgorm: Migrate needs a *gorm.DB over a connection pool: %w", err)
+	}
+	if err := d.Migrate(contextOf(db), sqlstore.StdDB(sqlDB), n); err != nil {
+		return fmt.Errorf("outboxgorm: migrating %s (%s): %w", n.Outbox, d.Name(), err)
+	}
+	return nil
+}
+
+// MigrateTx is Migrate inside the caller's GORM transaction, for applications that run
+// their own migrations in one transaction (PostgreSQL, SQLite). On MySQL it fails without
+// doing anything: DDL would commit the caller's transaction.
+func (o *Outbox) MigrateTx(tx *gorm.DB) error {
+	d, n, err := o.dialect(tx)
+	if err != nil {
+		return err
+	}
+	if d == sqlstore.MySQL {
+		return errors.New("outboxgorm: MigrateTx is not possible on MySQL, whose DDL commits the transaction; use Migrate")
+	}
+	pool := tx.Statement.ConnPool
+	if _, inTx := pool.(gorm.TxCommitter); !inTx {
+		return fmt.Errorf("outboxgorm: %w: MigrateTx needs a *gorm.DB inside a transaction", outbox.ErrNotInTransaction)
+	}
+	if err := d.Migrate(contextOf(tx), sqlstore.StdTxDB(pool), n); err != nil {
+		return fmt.Errorf("outboxgorm: migrating %s (%s): %w", n.Outbox, d.Name(), err)
+	}
+	return nil
+}
+
+// NewStore returns the relay's store for this outbox over db's connection pool. It fails
+// when db is inside a transaction or has no *sql.DB under it.
+func (o *Outbox) NewStore(db *gorm.DB) (outbox.Store, error) {
+	d, n, err := o.dialect(db)
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("outboxgorm: NewStore needs a *gorm.DB over a connection pool: %w", err)
+	}
+	return d.Store(sqlstore.StdDB(sqlDB), n), nil
+}
+
+// dialect returns the SQL dialect of db's GORM dialector and this outbox's names in it.
+func (o *Outbox) dialect(db *gorm.DB) (sqlstore.Dialect, *sqlstore.Names, error) {
+	if db == nil || db.Config == nil || db.Dialector == nil {
+		return nil, nil, errors.New("outboxgorm: the *gorm.DB has no dialector (open it with gorm.Open)")
+	}
+	name := db.Dialector.Name()
+	d, err := sqlstore.Lookup(name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outboxgorm: GORM dialect %q is not supported (postgres, mysql, sqlite): %w", name, err)
+	}
+	return d, o.names[name], nil
+}
+
+func contextOf(db *gorm.DB) context.Context {
+	if db.Statement != nil && db.Statement.Context != nil {
+		return db.Statement.Context
+	}
+	return context.Background()
+}

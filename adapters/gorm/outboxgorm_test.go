@@ -1,0 +1,348 @@
+package outboxgorm_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/glebarez/sqlite"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/uptrace/bun/driver/pgdriver"
+	"go.uber.org/goleak"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/txoutbox/outbox"
+	outboxgorm "github.com/txoutbox/outbox/adapters/gorm"
+	outboxsql "github.com/txoutbox/outbox/adapters/sql"
+	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
+	"github.com/txoutbox/outbox/outboxtest"
+	outboxmem "github.com/txoutbox/outbox/transports/memory"
+)
+
+func TestMain(m *testing.M) {
+	// GORM's PrepareStmt cache runs a cleanup goroutine that it never stops (see
+	// gorm.io/gorm/internal/lru): GORM's, not ours.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("gorm.io/gorm/internal/lru.NewLRU[...].func1"))
+}
+
+// setups are the GORM configurations every test runs on: each dialect, and PostgreSQL on a
+// second database/sql driver (bun's pgdriver) besides pgx's stdlib.
+var setups = []struct {
+	name, dialect string
+	open          func(dsn string) (*sql.DB, error)
+	gorm          func(db *sql.DB) gorm.Dialector
+}{
+	{"postgres", "postgres",
+		func(dsn string) (*sql.DB, error) { return sql.Open("pgx", dsn) },
+		func(db *sql.DB) gorm.Dialector { return postgres.New(postgres.Config{Conn: db}) }},
+	{"postgres-pgdriver", "postgres",
+		func(dsn string) (*sql.DB, error) {
+			return sql.OpenDB(pgdriver.NewConnector(pgdriver.WithDSN(dsn))), nil
+		},
+		func(db *sql.DB) gorm.Dialector { return postgres.New(postgres.Config{Conn: db}) }},
+	{"mysql", "mysql",
+		func(dsn string) (*sql.DB, error) { return sql.Open("mysql", dsn) },
+		func(db *sql.DB) gorm.Dialector { return mysql.New(mysql.Config{Conn: db}) }},
+	{"sqlite", "sqlite",
+		func(dsn string) (*sql.DB, error) { return sql.Open(sqlite.DriverName, dsn) },
+		func(db *sql.DB) gorm.Dialector { return &sqlite.Dialector{Conn: db} }},
+}
+
+type testOutbox struct {
+	*outboxgorm.Outbox
+	*sqlstoretest.Target
+	db *gorm.DB
+}
+
+func newTestOutbox(t testing.TB, i int, opts ...outboxgorm.Option) *testOutbox {
+	t.Helper()
+	s := setups[i]
+	tg := sqlstoretest.New(t, s.dialect, s.open)
+	db, err := gorm.Open(s.gorm(tg.DB), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := outboxgorm.New(tg.Tables, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Migrate(db); err != nil {
+		t.Fatal(err)
+	}
+	return &testOutbox{Outbox: o, Target: tg, db: db}
+}
+
+// publish is the fixtures' Publish: one db.Transaction, committed or rolled back.
+func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.Encodable) error {
+	err := o.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := o.Publish(tx, events...); err != nil {
+			return err
+		}
+		if !commit {
+			return sqlstoretest.ErrRollback
+		}
+		return nil
+	})
+	if errors.Is(err, sqlstoretest.ErrRollback) {
+		return nil
+	}
+	return err
+}
+
+func TestConformance(t *testing.T) {
+	for i, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			outboxtest.ExerciseStore(t, func(t *testing.T) *outboxtest.StoreFixture {
+				o := newTestOutbox(t, i)
+				store, err := o.NewStore(o.db)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o.Fixture(store, o.publish)
+			})
+		})
+	}
+}
+
+// Order is a business row.
+type Order struct {
+	ID    int64
+	Total int64
+}
+
+type OrderPlaced struct {
+	OrderID int64 `json:"order_id"`
+}
+
+func (OrderPlaced) EventType() string { return "orders.placed" }
+
+// TestOrderAndEventCommitTogether: an order created with GORM and its event, in one
+// db.Transaction, both commit; when the callback fails, both roll back.
+func TestOrderAndEventCommitTogether(t *testing.T) {
+	for i, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			o := newTestOutbox(t, i)
+			orders := o.Table("orders")
+			db := o.db.WithContext(ctx)
+			if err := db.Table(orders).AutoMigrate(&Order{}); err != nil {
+				t.Fatal(err)
+			}
+			place := func(id int64, fail error) error {
+				return db.Transaction(func(tx *gorm.DB) error {
+					if err := tx.Table(orders).Create(&Order{ID: id, Total: 42}).Error; err != nil {
+						return err
+					}
+					if err := o.Publish(tx, outbox.New(OrderPlaced{id}, outbox.WithKey("orders"))); err != nil {
+						return err
+					}
+					return fail
+				})
+			}
+			if err := place(1, nil); err != nil {
+				t.Fatal(err)
+			}
+			boom := errors.New("payment declined")
+			if err := place(2, boom); !errors.Is(err, boom) {
+				t.Fatalf("Transaction returned %v, want %v", err, boom)
+			}
+
+			var rows int64
+			if err := db.Table(orders).Count(&rows).Error; err != nil {
+				t.Fatal(err)
+			}
+			store, err := o.NewStore(o.db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := outboxmem.New(nil)
+			relay, err := outbox.NewRelay(store, q, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := relay.RunOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			sent := q.Sent()
+			if rows != 1 || len(sent) != 1 {
+				t.Fatalf("%d orders and %d events delivered, want 1 and 1", rows, len(sent))
+			}
+			if e, err := outbox.Decode[OrderPlaced](sent[0]); err != nil || e.Payload.OrderID != 1 {
+				t.Fatalf("delivered %+v (%v), want order 1", e, err)
+			}
+		})
+	}
+}
+
+// TestPublishOutsideTransaction: a *gorm.DB that is not in a transaction is refused unless
+// the outbox allows it.
+func TestPublishOutsideTransaction(t *testing.T) {
+	const sqliteSetup = 3
+	ctx := context.Background()
+	strict := newTestOutbox(t, sqliteSetup)
+	err := strict.Publish(strict.db.WithContext(ctx), outbox.New(OrderPlaced{1}))
+	if !errors.Is(err, outbox.ErrNotInTransaction) {
+		t.Fatalf("Publish outside a transaction = %v, want ErrNotInTransaction", err)
+	}
+	if err := outboxgorm.Publish(nil, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+		t.Fatalf("Publish(nil) = %v, want ErrNotInTransaction", err)
+	}
+
+	lax := newTestOutbox(t, sqliteSetup, outboxgorm.AllowNoTx())
+	if err := lax.Publish(lax.db.WithContext(ctx), outbox.New(OrderPlaced{1})); err != nil {
+		t.Fatalf("Publish with AllowNoTx: %v", err)
+	}
+	if n, err := lax.Pending(ctx); err != nil || n != 1 {
+		t.Fatalf("%d pending (%v), want 1", n, err)
+	}
+}
+
+// TestMigrateTx: on PostgreSQL the outbox's tables come and go with the caller's
+// transaction; on MySQL MigrateTx refuses.
+func TestMigrateTx(t *testing.T) {
+	for _, i := range []int{0, 2, 3} {
+		s := setups[i]
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			tg := sqlstoretest.New(t, s.dialect, s.open)
+			db, err := gorm.Open(s.gorm(tg.DB), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o, err := outboxgorm.New(tg.Tables)
+			if err != nil {
+				t.Fatal(err)
+			}
+			errRollback := errors.New("roll back")
+			err = db.Transaction(func(tx *gorm.DB) error {
+				if err := o.MigrateTx(tx); err != nil {
+					return err
+				}
+				return errRollback
+			})
+			if s.dialect == "mysql" {
+				if err == nil || errors.Is(err, errRollback) {
+					t.Fatalf("MigrateTx on MySQL: %v, want a refusal", err)
+				}
+				return
+			}
+			if !errors.Is(err, errRollback) {
+				t.Fatal(err)
+			}
+			if _, err := tg.Pending(context.Background()); err == nil {
+				t.Fatal("the outbox exists after MigrateTx's transaction rolled back")
+			}
+		})
+	}
+}
+
+// TestRelayedByOutboxsql: events written through GORM are delivered, intact and in order,
+// by a relay on the database/sql adapter's store over the same tables.
+func TestRelayedByOutboxsql(t *testing.T) {
+	dialects := map[string]outboxsql.Dialect{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}
+	for i, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			o := newTestOutbox(t, i)
+			var events []outbox.Encodable
+			for n := range 20 {
+				events = append(events, outbox.New(outboxtest.Note{Text: "from gorm", N: n},
+					outbox.WithKey("k"), outbox.WithHeader("source", "gorm")))
+			}
+			if err := o.publish(ctx, true, events...); err != nil {
+				t.Fatal(err)
+			}
+			other, err := outboxsql.New(dialects[s.dialect], o.Tables)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := outboxmem.New(nil)
+			outboxtest.RunRelays(t, other.NewStore(o.DB), q, 1, &outbox.RelayConfig{Name: "outboxsql"},
+				func() bool { return len(q.Sent()) == len(events) })
+			for n, m := range q.Sent() {
+				want, _ := events[n].Encode()
+				if err := outboxtest.SameMessage(m, want); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
+
+func TestIdempotency(t *testing.T) {
+	for i, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture {
+				o := newTestOutbox(t, i)
+				effects := o.Table("effects")
+				if err := o.db.Exec("CREATE TABLE " + effects + " (event_id CHAR(36) NOT NULL, text TEXT NOT NULL)").Error; err != nil {
+					t.Fatal(err)
+				}
+				store, err := o.NewStore(o.db)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dl, err := o.NewDeadLetters(o.db)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return &outboxtest.IdempotencyFixture{
+					Store: store,
+					Handler: func(fail func(outbox.Event[outboxtest.Note]) error) consumer.Handler[outboxtest.Note] {
+						return outboxgorm.IdempotentAt(o.Outbox, o.db, func(ctx context.Context, tx *gorm.DB, e outbox.Event[outboxtest.Note]) error {
+							if err := tx.Exec("INSERT INTO "+effects+" VALUES (?, ?)", e.ID.String(), e.Payload.Text).Error; err != nil {
+								return err
+							}
+							return fail(e)
+						})
+					},
+					Effects: func(ctx context.Context) (int, error) {
+						var n int64
+						err := o.db.WithContext(ctx).Table(effects).Count(&n).Error
+						return int(n), err
+					},
+					DeadLetters: dl,
+				}
+			})
+		})
+	}
+}
+
+// TestPrepareStmt: with GORM's PrepareStmt mode the connection pool and transactions are
+// GORM's own wrappers; Publish still tells a transaction from a pool and writes through it.
+func TestPrepareStmt(t *testing.T) {
+	ctx := context.Background()
+	s := setups[3]
+	tg := sqlstoretest.New(t, s.dialect, s.open)
+	db, err := gorm.Open(s.gorm(tg.DB), &gorm.Config{PrepareStmt: true, Logger: logger.Default.LogMode(logger.Silent)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outboxgorm.Migrate(db); err != nil {
+		t.Fatal(err)
+	}
+	if err := outboxgorm.Publish(db.WithContext(ctx), outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+		t.Fatalf("Publish on a prepared-statement pool = %v, want ErrNotInTransaction", err)
+	}
+	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		return outboxgorm.Publish(tx, outbox.New(OrderPlaced{2}))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := tg.Pending(ctx); err != nil || n != 1 {
+		t.Fatalf("%d pending (%v), want 1", n, err)
+	}
+	if _, err := outboxgorm.NewStore(db); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,183 @@
+// Package outboxpgx stores txoutbox events in PostgreSQL through pgx v5: Publish writes them
+// in the caller's pgx transaction (one round trip for one event, COPY for many), and NewStore
+// gives the relay its leased claims over a pgxpool.Pool.
+package outboxpgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/sqlstore"
+)
+
+// Tx is what Publish writes through: a pgx.Tx, or anything with the same methods. A pool or
+// a bare connection does not qualify: the events must commit with the caller's changes.
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error)
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// DB is what the relay store and Migrate use: a *pgxpool.Pool or a *pgx.Conn.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Outbox is an outbox at configured table names. The package-level functions use the
+// default names (table "outbox" in the search_path's schema).
+type Outbox struct {
+	names *sqlstore.Names
+}
+
+// New validates t and returns an outbox at those names.
+func New(t outbox.Tables) (*Outbox, error) {
+	n, err := sqlstore.NewNames(sqlstore.Postgres, t)
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{names: n}, nil
+}
+
+var defaultOutbox = func() *Outbox {
+	o, err := New(outbox.Tables{})
+	if err != nil {
+		panic(err)
+	}
+	return o
+}()
+
+// Publish writes events to the default outbox inside tx. See [Outbox.Publish].
+func Publish(ctx context.Context, tx Tx, events ...outbox.Encodable) error {
+	return defaultOutbox.Publish(ctx, tx, events...)
+}
+
+// Migrate creates or upgrades the default outbox's tables. See [Outbox.Migrate].
+func Migrate(ctx context.Context, db DB) error { return defaultOutbox.Migrate(ctx, db) }
+
+// NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
+func NewStore(db DB) outbox.Store { return defaultOutbox.NewStore(db) }
+
+// copyThreshold is the batch size from which COPY beats a multi-row INSERT: COPY costs an
+// extra round trip to describe the table, repaid from a few dozen rows on.
+const copyThreshold = 32
+
+// Publish writes events inside tx; they become visible to the relay when tx commits and
+// vanish if it rolls back. An event that cannot be encoded fails the call before anything
+// is written, so the caller can roll back. One event costs one round trip.
+func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable) error {
+	if tx == nil {
+		return outbox.ErrNotInTransaction
+	}
+	msgs, err := sqlstore.Encode(ctx, events)
+	if err != nil || len(msgs) == 0 {
+		return err
+	}
+	if len(msgs) < copyThreshold {
+		err = sqlstore.Postgres.Insert(ctx, querier{tx}, o.names, msgs)
+	} else {
+		err = o.copy(ctx, tx, msgs)
+	}
+	if err != nil {
+		return fmt.Errorf("outboxpgx: publishing %d event(s): %w", len(msgs), err)
+	}
+	return nil
+}
+
+func (o *Outbox) copy(ctx context.Context, tx Tx, msgs []outbox.Message) error {
+	table := pgx.Identifier{o.names.Prefix}
+	if o.names.Schema != "" {
+		table = pgx.Identifier{o.names.Schema, o.names.Prefix}
+	}
+	_, err := tx.CopyFrom(ctx, table,
+		[]string{"id", "type", "key", "headers", "content_type", "body", "created_at"},
+		pgx.CopyFromSlice(len(msgs), func(i int) ([]any, error) {
+			m := msgs[i]
+			return []any{m.ID, m.Type, m.Key, sqlstore.HeadersJSON(m.Headers), m.ContentType, m.Body, m.CreatedAt}, nil
+		}))
+	return err
+}
+
+// Migrate creates or upgrades the outbox's tables in one transaction; concurrent callers
+// wait for each other. It is safe to call at every start.
+func (o *Outbox) Migrate(ctx context.Context, db DB) error {
+	if err := sqlstore.Postgres.Migrate(ctx, pool{db}, o.names); err != nil {
+		return fmt.Errorf("outboxpgx: migrating: %w", err)
+	}
+	return nil
+}
+
+// MigrateTx is Migrate inside the caller's transaction, for applications that run their
+// own migrations in one transaction.
+func (o *Outbox) MigrateTx(ctx context.Context, tx pgx.Tx) error {
+	if err := sqlstore.Postgres.Migrate(ctx, pool{tx}, o.names); err != nil {
+		return fmt.Errorf("outboxpgx: migrating: %w", err)
+	}
+	return nil
+}
+
+// NewStore returns the relay's store for this outbox over db (normally a *pgxpool.Pool).
+func (o *Outbox) NewStore(db DB) outbox.Store { return sqlstore.Postgres.Store(pool{db}, o.names) }
+
+// querier adapts anything that executes pgx statements to sqlstore.Querier.
+type querier struct {
+	q interface {
+		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	}
+}
+
+func (q querier) Exec(ctx context.Context, sql string, args ...any) error {
+	_, err := q.q.Exec(ctx, sql, args...)
+	return err
+}
+
+func (q querier) Query(ctx context.Context, sql string, args ...any) (sqlstore.Rows, error) {
+	rows, err := q.q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// pool adds transactions to querier.
+type pool struct{ db DB }
+
+func (p pool) Exec(ctx context.Context, sql string, args ...any) error {
+	return querier{p.db}.Exec(ctx, sql, args...)
+}
+
+func (p pool) Query(ctx context.Context, sql string, args ...any) (sqlstore.Rows, error) {
+	return querier{p.db}.Query(ctx, sql, args...)
+}
+
+func (p pool) InTx(ctx context.Context, fn func(sqlstore.Querier) error) (err error) {
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
+		}
+	}()
+	if err = fn(querier{tx}); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,106 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/txoutbox/outbox"
+	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/outboxtest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		runChildRelay() // the SIGKILL test's relay process; never returns
+	}
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+}
+
+func pgURL() string {
+	if u := os.Getenv("TXOUTBOX_PG_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// testOutbox is an outbox in a schema of its own, dropped when the test ends.
+type testOutbox struct {
+	*outboxpgx.Outbox
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func newTestOutbox(t testing.TB) *testOutbox {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgURL())
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	outboxtest.RequireService(t, "PostgreSQL", err)
+	schema := fmt.Sprintf("t_%x", rand.Uint64())
+	o, err := outboxpgx.New(outbox.Tables{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		pool.Close()
+	})
+	return &testOutbox{Outbox: o, pool: pool, schema: schema}
+}
+
+func (o *testOutbox) fixture() *outboxtest.StoreFixture {
+	return &outboxtest.StoreFixture{
+		Store: o.NewStore(o.pool),
+		Publish: func(ctx context.Context, commit bool, events ...outbox.Encodable) error {
+			return pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+				if err := o.Publish(ctx, tx, events...); err != nil {
+					return err
+				}
+				if !commit {
+					return errRollback
+				}
+				return nil
+			})
+		},
+		Pending: func(ctx context.Context) (n int, err error) {
+			err = o.pool.QueryRow(ctx, "SELECT count(*) FROM "+o.schema+".outbox").Scan(&n)
+			return n, err
+		},
+		DeadLetters: func(ctx context.Context) ([]outboxtest.DeadLetterRow, error) {
+			rows, _ := o.pool.Query(ctx, "SELECT event_id, stage, reason, attempts FROM "+o.schema+".outbox_dead_letters ORDER BY id")
+			return pgx.CollectRows(rows, pgx.RowToStructByPos[outboxtest.DeadLetterRow])
+		},
+	}
+}
+
+type rollback struct{}
+
+func (rollback) Error() string { return "rolled back on purpose" }
+
+var errRollback error = rollback{}
+
+func TestConformance(t *testing.T) {
+	outboxtest.ExerciseStore(t, func(t *testing.T) *outboxtest.StoreFixture {
+		f := newTestOutbox(t).fixture()
+		inner := f.Publish
+		f.Publish = func(ctx context.Context, commit bool, events ...outbox.Encodable) error {
+			if err := inner(ctx, commit, events...); err != nil && err != errRollback {
+				return err
+			}
+			return nil
+		}
+		return f
+	})
+}

@@ -1,0 +1,370 @@
+// Package consumer runs typed handlers for events received from a broker: decode, dispatch by
+// event type, retry through the broker's own redelivery with backoff, and dead-letter what
+// cannot be handled — after MaxAttempts, at once for [outbox.Permanent] errors, undecodable
+// bodies and unknown event types — so a poison message never blocks the others.
+//
+// Delivery is at least once. For effects that happen exactly once, wrap handlers with an
+// adapter's Idempotent (outboxpgx.Idempotent…): it records the event ID in the inbox table in
+// the same transaction as the handler's writes.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/deadletter"
+)
+
+// Config configures a [Consumer]. Name and DeadLetters are required; other zero fields take
+// the defaults below.
+type Config struct {
+	// Name identifies the consumer: in the inbox table (one inbox per consumer), in dead
+	// letters and in logs. Required.
+	Name string
+	// DeadLetters receives what cannot be handled. Required: nothing is dropped silently.
+	DeadLetters deadletter.Writer
+	// Concurrency caps how many messages are being handled at once. Default 10.
+	Concurrency int
+	// BatchSize caps one Receive. Default 10.
+	BatchSize int
+	// MaxAttempts is how many deliveries a message gets before it is dead-lettered.
+	// Default 10.
+	MaxAttempts int
+	// RetryBackoff is the redelivery delay after the first failure, doubling per attempt
+	// with jitter up to MaxRetryBackoff. Defaults 1s and 5m. (Brokers cap it: SQS at 12h.)
+	RetryBackoff    time.Duration
+	MaxRetryBackoff time.Duration
+	// ShutdownTimeout bounds how long Run waits for handlers in flight after its ctx ends;
+	// then their contexts are cancelled, and what did not finish is left to redelivery.
+	// Default 30s.
+	ShutdownTimeout time.Duration
+	// Logger receives the consumer's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	def := func(f *int, v int) {
+		if *f == 0 {
+			*f = v
+		}
+	}
+	defd := func(f *time.Duration, v time.Duration) {
+		if *f == 0 {
+			*f = v
+		}
+	}
+	def(&out.Concurrency, 10)
+	def(&out.BatchSize, 10)
+	def(&out.MaxAttempts, 10)
+	defd(&out.RetryBackoff, time.Second)
+	defd(&out.MaxRetryBackoff, 5*time.Minute)
+	defd(&out.ShutdownTimeout, 30*time.Second)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Name == "" {
+		errs = append(errs, errors.New("Name is required"))
+	}
+	if c.DeadLetters == nil {
+		errs = append(errs, errors.New("DeadLetters is required (outboxpgx.NewDeadLetters(pool)…)"))
+	}
+	if c.Concurrency < 1 || c.BatchSize < 1 || c.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("Concurrency (%d), BatchSize (%d) and MaxAttempts (%d) must be positive", c.Concurrency, c.BatchSize, c.MaxAttempts))
+	}
+	if c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff {
+		errs = append(errs, fmt.Errorf("backoffs must satisfy 0 <= RetryBackoff (%v) <= MaxRetryBackoff (%v)", c.RetryBackoff, c.MaxRetryBackoff))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("consumer: invalid Config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// Consumer receives messages and runs the handler registered for each event type.
+type Consumer struct {
+	recv     outbox.Receiver
+	cfg      Config
+	handlers map[string]func(ctx context.Context, m outbox.Message) error
+	tracer   trace.Tracer
+	running  sync.Mutex
+
+	mu    sync.Mutex
+	keyed map[string][]outbox.Delivery // per-key queues of deliveries waiting their turn
+}
+
+// New returns a consumer reading from r. Register handlers with [Handle] before Run.
+func New(r outbox.Receiver, cfg *Config) (*Consumer, error) {
+	c := cfg.withDefaults()
+	err := c.validate()
+	if r == nil {
+		err = errors.Join(err, errors.New("consumer: New needs a Receiver"))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		recv:     r,
+		cfg:      c,
+		handlers: map[string]func(context.Context, outbox.Message) error{},
+		tracer:   otel.Tracer("github.com/txoutbox/outbox/consumer"),
+		keyed:    map[string][]outbox.Delivery{},
+	}, nil
+}
+
+// Handler handles one event. Return nil when done (the message is acknowledged), an error
+// to retry it later, [outbox.Permanent] to dead-letter it now, or [outbox.RetryAfter] to
+// choose the delay.
+type Handler[T outbox.Payload] func(ctx context.Context, e outbox.Event[T]) error
+
+// Handle registers h for events of type T (by T's EventType). Registering a type twice
+// panics: it is a programming error, like a duplicate HTTP route.
+func Handle[T outbox.Payload](c *Consumer, h Handler[T]) {
+	var zero T
+	typ := zero.EventType()
+	if _, dup := c.handlers[typ]; dup {
+		panic(fmt.Sprintf("consumer: a handler for %q is already registered", typ))
+	}
+	c.handlers[typ] = func(ctx context.Context, m outbox.Message) error {
+		e, err := outbox.Decode[T](m)
+		if err != nil {
+			return outbox.Permanent(err)
+		}
+		return h(ctx, e)
+	}
+}
+
+// Info describes the delivery a handler is running for.
+type Info struct {
+	Consumer string
+	Attempt  int
+}
+
+type infoKey struct{}
+
+// InfoFrom returns the delivery info that Run puts in handler contexts; idempotency
+// wrappers read the consumer's name from it.
+func InfoFrom(ctx context.Context) (Info, bool) {
+	i, ok := ctx.Value(infoKey{}).(Info)
+	return i, ok
+}
+
+// WithInfo returns ctx carrying i, for calling handlers outside Run (tests).
+func WithInfo(ctx context.Context, i Info) context.Context {
+	return context.WithValue(ctx, infoKey{}, i)
+}
+
+// Run receives and handles messages until ctx ends, then waits for handlers in flight (up to
+// ShutdownTimeout) and returns nil. A message is acknowledged only after its handler
+// returned nil, or after it was written to the dead-letter table. Run returns an error if
+// the consumer has no handlers or is already running.
+func (c *Consumer) Run(ctx context.Context) error {
+	if len(c.handlers) == 0 {
+		return errors.New("consumer: Run with no handlers registered")
+	}
+	if !c.running.TryLock() {
+		return errors.New("consumer: Run called while running")
+	}
+	defer c.running.Unlock()
+
+	// Handlers outlive ctx by up to ShutdownTimeout, so in-flight work can finish.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(c.cfg.ShutdownTimeout, cancelWork)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stop()
+
+	slots := make(chan struct{}, c.cfg.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	failures := 0
+	for ctx.Err() == nil {
+		// Wait for a free slot, then receive no more than the free slots.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			continue
+		}
+		free := 1
+		for free < c.cfg.BatchSize {
+			select {
+			case slots <- struct{}{}:
+				free++
+				continue
+			default:
+			}
+			break
+		}
+		ds, err := c.recv.Receive(ctx, free)
+		for range free - len(ds) {
+			<-slots
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			failures++
+			wait := outbox.Backoff(failures, 100*time.Millisecond, 10*time.Second)
+			c.cfg.Logger.Error("consumer: receive failed", "consumer", c.cfg.Name, "err", err, "retry_in", wait)
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			continue
+		}
+		failures = 0
+		for _, d := range ds {
+			c.dispatch(work, d, slots, &wg)
+		}
+	}
+	return nil
+}
+
+// dispatch handles d in its own goroutine, after any earlier delivery of the same key.
+func (c *Consumer) dispatch(ctx context.Context, d outbox.Delivery, slots chan struct{}, wg *sync.WaitGroup) {
+	m, err := d.Message()
+	key := ""
+	if err == nil {
+		key = m.Key
+	}
+	if key == "" {
+		wg.Go(func() {
+			defer func() { <-slots }()
+			c.handle(ctx, d)
+		})
+		return
+	}
+	c.mu.Lock()
+	queue, busy := c.keyed[key]
+	c.keyed[key] = append(queue, d)
+	c.mu.Unlock()
+	if busy {
+		return // the key's worker will get to it, in order
+	}
+	wg.Go(func() {
+		for {
+			c.mu.Lock()
+			q := c.keyed[key]
+			if len(q) == 0 {
+				delete(c.keyed, key)
+				c.mu.Unlock()
+				return
+			}
+			next := q[0]
+			c.keyed[key] = q[1:]
+			c.mu.Unlock()
+			c.handle(ctx, next)
+			<-slots
+		}
+	})
+}
+
+// handle runs one delivery to its end: ack, nack with a delay, or dead letter and ack.
+func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
+	log := c.cfg.Logger.With("consumer", c.cfg.Name)
+	attempt := d.Attempt()
+	m, err := d.Message()
+	if err != nil {
+		c.deadLetter(ctx, d, m, attempt, fmt.Sprintf("undecodable message: %v", err))
+		return
+	}
+	ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(m.Headers))
+	ctx, span := c.tracer.Start(ctx, "process "+m.Type, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.message.id", m.ID.String()),
+			attribute.String("messaging.consumer.group.name", c.cfg.Name),
+			attribute.Int("messaging.message.delivery_count", attempt),
+		))
+	defer span.End()
+
+	h, ok := c.handlers[m.Type]
+	if !ok {
+		c.deadLetter(ctx, d, m, attempt, fmt.Sprintf("no handler for event type %q", m.Type))
+		return
+	}
+	err = callHandler(WithInfo(ctx, Info{Consumer: c.cfg.Name, Attempt: attempt}), h, m)
+	if err == nil {
+		if err := d.Ack(ctx); err != nil {
+			// Redelivery follows; an idempotent handler absorbs it.
+			log.Warn("consumer: ack failed", "event_id", m.ID, "err", err)
+		}
+		return
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+	switch {
+	case ctx.Err() != nil:
+		// Shutting down: leave the message to its visibility timeout, unacknowledged.
+		log.Info("consumer: handler interrupted by shutdown", "event_id", m.ID)
+	case outbox.IsPermanent(err):
+		c.deadLetter(ctx, d, m, attempt, err.Error())
+	case attempt >= c.cfg.MaxAttempts:
+		c.deadLetter(ctx, d, m, attempt, fmt.Sprintf("gave up after %d attempts: %v", attempt, err))
+	default:
+		delay, ok := outbox.RetryDelay(err)
+		if !ok {
+			delay = outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
+		}
+		log.Warn("consumer: handler failed, will retry", "event_id", m.ID, "type", m.Type, "attempt", attempt, "retry_in", delay, "err", err)
+		if err := d.Nack(ctx, delay); err != nil {
+			log.Warn("consumer: nack failed; the message reappears after its visibility timeout", "event_id", m.ID, "err", err)
+		}
+	}
+}
+
+// callHandler runs h, turning a panic into a permanent error so one bad event cannot crash
+// the consumer.
+func callHandler(ctx context.Context, h func(context.Context, outbox.Message) error, m outbox.Message) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = outbox.Permanent(fmt.Errorf("handler panicked: %v", p))
+		}
+	}()
+	return h(ctx, m)
+}
+
+// deadLetter records d and acknowledges it; if recording fails, d is retried later.
+func (c *Consumer) deadLetter(ctx context.Context, d outbox.Delivery, m outbox.Message, attempt int, reason string) {
+	now := time.Now().UTC()
+	err := c.cfg.DeadLetters.Add(ctx, deadletter.Entry{
+		Message:       m,
+		Stage:         deadletter.StageConsumer,
+		Consumer:      c.cfg.Name,
+		Reason:        reason,
+		Attempts:      attempt,
+		FirstFailedAt: now,
+		LastFailedAt:  now,
+	})
+	log := c.cfg.Logger.With("consumer", c.cfg.Name, "event_id", m.ID, "type", m.Type)
+	if err != nil {
+		log.Error("consumer: writing a dead letter failed; will retry the message", "reason", reason, "err", err)
+		_ = d.Nack(ctx, outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff))
+		return
+	}
+	log.Warn("consumer: message dead-lettered", "reason", reason, "attempts", attempt)
+	if err := d.Ack(ctx); err != nil {
+		log.Warn("consumer: ack of a dead-lettered message failed", "err", err)
+	}
+}

@@ -1,0 +1,275 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/deadletter"
+	outboxmem "github.com/txoutbox/outbox/transports/memory"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type Paid struct {
+	Order int `json:"order"`
+}
+
+func (Paid) EventType() string { return "orders.paid" }
+
+type Unhandled struct{}
+
+func (Unhandled) EventType() string { return "orders.unhandled" }
+
+// memoryDLQ collects dead letters; the SQL tables are tested with each adapter.
+type memoryDLQ struct {
+	mu      sync.Mutex
+	entries []deadletter.Entry
+}
+
+func (q *memoryDLQ) Add(_ context.Context, e deadletter.Entry) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.entries = append(q.entries, e)
+	return nil
+}
+
+func (q *memoryDLQ) all() []deadletter.Entry {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]deadletter.Entry(nil), q.entries...)
+}
+
+type harness struct {
+	q    *outboxmem.Queue
+	dlq  *memoryDLQ
+	c    *consumer.Consumer
+	stop func()
+}
+
+func newHarness(t *testing.T, qcfg *outboxmem.Config, cfg consumer.Config) *harness {
+	t.Helper()
+	h := &harness{q: outboxmem.New(qcfg), dlq: &memoryDLQ{}}
+	cfg.Name = "test"
+	cfg.DeadLetters = h.dlq
+	if cfg.RetryBackoff == 0 {
+		cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Millisecond, 2*time.Millisecond
+	}
+	c, err := consumer.New(h.q, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.c = c
+	return h
+}
+
+func (h *harness) run(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- h.c.Run(ctx) }()
+	h.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() {
+		if ctx.Err() == nil {
+			h.stop()
+		}
+	})
+}
+
+func (h *harness) send(t *testing.T, events ...outbox.Encodable) {
+	t.Helper()
+	for _, e := range events {
+		m, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.q.Send(context.Background(), []outbox.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestPoisonNeverBlocksOthers(t *testing.T) {
+	h := newHarness(t, nil, consumer.Config{Concurrency: 2})
+	var mu sync.Mutex
+	handled := map[int]int{}
+	consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[Paid]) error {
+		if info, ok := consumer.InfoFrom(ctx); !ok || info.Consumer != "test" {
+			t.Errorf("handler context lacks consumer info: %+v", info)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		handled[e.Payload.Order]++
+		return nil
+	})
+	undecodable, _ := outbox.New(Paid{}).Encode()
+	undecodable.Body = []byte("{oops")
+	h.send(t, outbox.New(Unhandled{}), undecodable)
+	for i := range 20 {
+		h.send(t, outbox.New(Paid{Order: i}))
+	}
+	h.run(t)
+	waitFor(t, "all messages to be settled", func() bool { return h.q.Len() == 0 })
+	mu.Lock()
+	if len(handled) != 20 {
+		t.Fatalf("handled %d events, want 20", len(handled))
+	}
+	mu.Unlock()
+	dl := h.dlq.all()
+	if len(dl) != 2 {
+		t.Fatalf("dead letters: %+v", dl)
+	}
+	for _, e := range dl {
+		if e.Attempts != 1 || e.Stage != deadletter.StageConsumer || e.Consumer != "test" {
+			t.Errorf("dead letter %+v: want attempt 1, stage consumer", e)
+		}
+	}
+	reasons := dl[0].Reason + " | " + dl[1].Reason
+	for _, want := range []string{`no handler for event type "orders.unhandled"`, "decoding event"} {
+		if !contains(reasons, want) {
+			t.Errorf("reasons %q lack %q", reasons, want)
+		}
+	}
+}
+
+func TestRetryThenSuccess(t *testing.T) {
+	h := newHarness(t, nil, consumer.Config{})
+	var mu sync.Mutex
+	attempts := 0
+	consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[Paid]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts++
+		if attempts < 3 {
+			return errors.New("downstream unavailable")
+		}
+		return nil
+	})
+	h.send(t, outbox.New(Paid{1}))
+	h.run(t)
+	waitFor(t, "the message to be acknowledged", func() bool { return h.q.Len() == 0 })
+	if attempts != 3 || len(h.dlq.all()) != 0 {
+		t.Fatalf("attempts %d, dead letters %d; want 3 and 0", attempts, len(h.dlq.all()))
+	}
+}
+
+func TestMaxAttemptsAndPermanent(t *testing.T) {
+	h := newHarness(t, nil, consumer.Config{MaxAttempts: 4})
+	consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[Paid]) error {
+		if e.Payload.Order == 1 {
+			return outbox.Permanent(errors.New("order 1 is invalid"))
+		}
+		if e.Payload.Order == 2 {
+			panic("handler bug")
+		}
+		return fmt.Errorf("order %d: still failing", e.Payload.Order)
+	})
+	h.send(t, outbox.New(Paid{1}), outbox.New(Paid{2}), outbox.New(Paid{3}))
+	h.run(t)
+	waitFor(t, "three dead letters", func() bool { return len(h.dlq.all()) == 3 })
+	waitFor(t, "the queue to empty", func() bool { return h.q.Len() == 0 })
+	byOrder := map[string]deadletter.Entry{}
+	for _, e := range h.dlq.all() {
+		byOrder[string(e.Message.Body)] = e
+	}
+	if e := byOrder[`{"order":1}`]; e.Attempts != 1 || e.Reason != "order 1 is invalid" {
+		t.Errorf("permanent: %+v", e)
+	}
+	if e := byOrder[`{"order":2}`]; e.Attempts != 1 || !contains(e.Reason, "panicked") {
+		t.Errorf("panic: %+v", e)
+	}
+	if e := byOrder[`{"order":3}`]; e.Attempts != 4 || !contains(e.Reason, "gave up after 4 attempts") {
+		t.Errorf("exhausted: %+v", e)
+	}
+}
+
+func TestPerKeyOrder(t *testing.T) {
+	h := newHarness(t, nil, consumer.Config{Concurrency: 8, BatchSize: 10})
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[Paid]) error {
+		time.Sleep(time.Millisecond) // let other keys interleave
+		mu.Lock()
+		defer mu.Unlock()
+		seen[e.Key] = append(seen[e.Key], e.Payload.Order)
+		return nil
+	})
+	for i := range 30 {
+		h.send(t, outbox.New(Paid{i}, outbox.WithKey(fmt.Sprint("k", i%3))))
+	}
+	h.run(t)
+	waitFor(t, "all handled", func() bool { return h.q.Len() == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	for k, orders := range seen {
+		for i := 1; i < len(orders); i++ {
+			if orders[i] < orders[i-1] {
+				t.Fatalf("key %s handled out of order: %v", k, orders)
+			}
+		}
+	}
+}
+
+func TestShutdownFinishesInFlightAndNeverAcksUnfinished(t *testing.T) {
+	h := newHarness(t, nil, consumer.Config{ShutdownTimeout: 200 * time.Millisecond})
+	started := make(chan int, 2)
+	release := make(chan struct{})
+	consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[Paid]) error {
+		started <- e.Payload.Order
+		if e.Payload.Order == 1 { // finishes after shutdown began
+			<-release
+			return nil
+		}
+		<-ctx.Done() // never finishes on its own: interrupted at ShutdownTimeout
+		return ctx.Err()
+	})
+	h.send(t, outbox.New(Paid{1}), outbox.New(Paid{2}))
+	h.run(t)
+	<-started
+	<-started
+	stopped := make(chan struct{})
+	go func() { h.stop(); close(stopped) }()
+	close(release)
+	<-stopped
+	if n := h.q.Len(); n != 1 {
+		t.Fatalf("%d messages left unacknowledged, want 1 (the interrupted one)", n)
+	}
+	if len(h.dlq.all()) != 0 {
+		t.Fatal("an interrupted message was dead-lettered")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	_, err := consumer.New(outboxmem.New(nil), &consumer.Config{Concurrency: -1})
+	for _, want := range []string{"Name is required", "DeadLetters is required", "Concurrency"} {
+		if err == nil || !contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

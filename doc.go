@@ -1,0 +1,10 @@
+// Package outbox is the front door of txoutbox, a transactional outbox for Go.
+//
+// An application writes typed events ([Event]) into an outbox table inside its own database
+// transaction, through the adapter for the driver it already uses (outboxpgx, outboxgorm,
+// outboxbun, outboxsql). A [Relay] delivers committed events to a broker through a [Sender]
+// (outboxmem, outboxsqs, outboxazqueue, outboxnats) with the event's ID as the broker's dedup ID,
+// retrying with backoff and moving what cannot be delivered to the dead-letter table.
+//
+// The guarantees, the wire format and the performance targets are in the repository's README.
+package outbox

@@ -1,0 +1,122 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+var (
+	// ErrTypeMismatch is returned by [Decode] for a message of another event type.
+	ErrTypeMismatch = errors.New("outbox: event type mismatch")
+	// ErrUnknownContentType is returned when no registered [Codec] has a message's content type.
+	ErrUnknownContentType = errors.New("outbox: no codec registered for content type")
+	// ErrTooLarge is wrapped by transports when a message exceeds the broker's size limit.
+	ErrTooLarge = errors.New("outbox: message too large for transport")
+	// ErrNotInTransaction is returned by adapters asked to publish outside a transaction.
+	ErrNotInTransaction = errors.New("outbox: publish needs a transaction (the event must commit with your changes)")
+	// ErrClosed is returned by components used after they stopped.
+	ErrClosed = errors.New("outbox: closed")
+)
+
+// EncodeError reports a payload its codec could not encode.
+type EncodeError struct {
+	ID   uuid.UUID
+	Type string
+	Err  error
+}
+
+func (e *EncodeError) Error() string {
+	return fmt.Sprintf("outbox: encoding event %s (%s): %v", e.ID, e.Type, e.Err)
+}
+func (e *EncodeError) Unwrap() error { return e.Err }
+
+// DecodeError reports a message body that could not be decoded.
+type DecodeError struct {
+	ID   uuid.UUID
+	Type string
+	Err  error
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("outbox: decoding event %s (%s): %v", e.ID, e.Type, e.Err)
+}
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// permanentError marks an error that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as one that retrying cannot fix (a message over the broker's size
+// limit, a handler that rejects its input): the relay or consumer dead-letters the event at
+// once instead of retrying it. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with [Permanent] or is
+// [ErrTooLarge].
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p) || errors.Is(err, ErrTooLarge)
+}
+
+// retryAfterError asks for a retry no sooner than after.
+type retryAfterError struct {
+	after time.Duration
+	err   error
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// RetryAfter asks for the next attempt no sooner than d (a rate-limited downstream, a
+// resource not ready yet). It still counts as an attempt. RetryAfter(d, nil) is nil.
+func RetryAfter(d time.Duration, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &retryAfterError{after: d, err: err}
+}
+
+// RetryDelay returns the delay requested with [RetryAfter] anywhere in err's chain.
+func RetryDelay(err error) (time.Duration, bool) {
+	var r *retryAfterError
+	if errors.As(err, &r) {
+		return r.after, true
+	}
+	return 0, false
+}
+
+// BatchError reports which messages of a [Sender.Send] batch failed. Failed maps an index in
+// the batch to its error; indexes not in Failed were delivered.
+type BatchError struct {
+	Failed map[int]error
+}
+
+func (e *BatchError) Error() string {
+	for i, err := range e.Failed {
+		return fmt.Sprintf("outbox: %d of the batch's messages failed (message %d: %v)", len(e.Failed), i, err)
+	}
+	return "outbox: batch failed"
+}
+
+// Unwrap returns the per-message errors, so errors.Is(batchErr, ErrTooLarge) works.
+func (e *BatchError) Unwrap() []error {
+	out := make([]error, 0, len(e.Failed))
+	for _, err := range e.Failed {
+		out = append(out, err)
+	}
+	return out
+}
+
+// ErrMalformed is wrapped by [Delivery.Message] for broker messages that are not a valid
+// envelope (not CloudEvents, no ID, no type, a body that cannot be read).
+var ErrMalformed = errors.New("outbox: malformed message")

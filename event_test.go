@@ -1,0 +1,81 @@
+package outbox_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/outbox"
+)
+
+type badPayload struct{ F func() }
+
+func (badPayload) EventType() string { return "bad" }
+
+type unnamed struct{}
+
+func (unnamed) EventType() string { return "" }
+
+func TestEncodeErrors(t *testing.T) {
+	_, err := outbox.New(badPayload{F: func() {}}).Encode()
+	var ee *outbox.EncodeError
+	if !errors.As(err, &ee) || ee.Type != "bad" {
+		t.Fatalf("unencodable payload: %v, want *EncodeError", err)
+	}
+	if _, err := outbox.New(unnamed{}).Encode(); err == nil {
+		t.Fatal("a payload with an empty EventType encoded")
+	}
+	if _, err := (outbox.Event[ParseRequested]{}).Encode(); err == nil {
+		t.Fatal("an event without an ID encoded")
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	m, _ := outbox.New(ParseRequested{TaskID: "t"}).Encode()
+	if _, err := outbox.Decode[badPayload](m); !errors.Is(err, outbox.ErrTypeMismatch) {
+		t.Fatalf("wrong type: %v", err)
+	}
+	m.Body = []byte("{not json")
+	var de *outbox.DecodeError
+	if _, err := outbox.Decode[ParseRequested](m); !errors.As(err, &de) {
+		t.Fatalf("bad body: %v", err)
+	}
+	m.ContentType = "application/x-unknown"
+	if _, err := outbox.Decode[ParseRequested](m); !errors.Is(err, outbox.ErrUnknownContentType) {
+		t.Fatalf("unknown content type: %v", err)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	e := outbox.New(ParseRequested{}, outbox.WithKey("k"), outbox.WithHeaders(map[string]string{"a": "1"}), outbox.WithHeader("b", "2"))
+	if e.Key != "k" || e.Headers["a"] != "1" || e.Headers["b"] != "2" || time.Since(e.CreatedAt) > time.Minute {
+		t.Fatalf("options not applied: %+v", e)
+	}
+	other := outbox.New(ParseRequested{})
+	if other.ID == e.ID || other.ID.Version() != 7 {
+		t.Fatal("IDs must be fresh UUIDv7s")
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	for attempt := 1; attempt < 40; attempt++ {
+		d := outbox.Backoff(attempt, time.Second, time.Minute)
+		want := min(time.Second<<min(attempt-1, 30), time.Minute)
+		if d < want/2 || d > want {
+			t.Fatalf("attempt %d: backoff %v outside [%v, %v]", attempt, d, want/2, want)
+		}
+	}
+}
+
+func TestRelayConfigValidation(t *testing.T) {
+	_, err := outbox.NewRelay(nil, nil, &outbox.RelayConfig{BatchSize: -1, Lease: time.Second, SendTimeout: time.Second})
+	if err == nil {
+		t.Fatal("invalid config accepted")
+	}
+	for _, want := range []string{"Store", "Sender", "BatchSize", "SendTimeout"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+}

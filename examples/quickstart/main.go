@@ -1,0 +1,270 @@
+// Command quickstart shows txoutbox end to end in one process: an upload creates a task and
+// its "parse requested" event in one transaction, a relay delivers committed events, and a
+// worker parses each file exactly once through the inbox.
+//
+// With no flags it runs on an embedded SQLite file and the in-memory transport, so it needs
+// nothing installed. -db postgres or -db mysql runs the same on a server (DSN from -dsn, or
+// $TXOUTBOX_PG_URL / $TXOUTBOX_MYSQL_DSN, defaulting to the local test servers).
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"github.com/txoutbox/outbox"
+	outboxsql "github.com/txoutbox/outbox/adapters/sql"
+	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/deadletter"
+	outboxmem "github.com/txoutbox/outbox/transports/memory"
+)
+
+// ParseRequested asks the worker to parse an uploaded file.
+type ParseRequested struct {
+	TaskID string `json:"task_id"`
+	File   string `json:"file"`
+}
+
+// EventType names the event on the wire.
+func (ParseRequested) EventType() string { return "files.parse_requested" }
+
+func main() {
+	dbKind := flag.String("db", "sqlite", "database: sqlite (embedded), postgres or mysql")
+	dsn := flag.String("dsn", "", "connection string (default: a temporary SQLite file, $TXOUTBOX_PG_URL or $TXOUTBOX_MYSQL_DSN)")
+	flag.Parse()
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	if err := run(os.Stdout, *dbKind, *dsn); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// run plays the three scenes and writes what happened to w.
+func run(w io.Writer, kind, dsn string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	db, dialect, cleanup, err := open(kind, dsn)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	fmt.Fprintf(w, "txoutbox quickstart: %s + in-memory transport\n", dialect)
+
+	// A private table name per run, so the demo never meets rows of an earlier one.
+	name := fmt.Sprintf("quickstart_%d", time.Now().UnixNano()%1e9)
+	box, err := outboxsql.New(dialect, outbox.Tables{Outbox: name + "_outbox"})
+	if err != nil {
+		return err
+	}
+	if err := box.Migrate(ctx, db); err != nil {
+		return err
+	}
+	tasks := name + "_tasks"
+	q := placeholders(dialect)
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+tasks+" (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, parses INTEGER NOT NULL)"); err != nil {
+		return err
+	}
+	defer dropAll(db, dialect, name)
+
+	// The relay: committed events from the outbox to the broker.
+	broker := outboxmem.New(&outboxmem.Config{VisibilityTimeout: time.Second})
+	relay, err := outbox.NewRelay(box.NewStore(db), broker, nil)
+	if err != nil {
+		return err
+	}
+	// The worker: parses the file and marks the task done, in one transaction with the
+	// inbox row, so a redelivered event changes nothing.
+	dead := box.NewDeadLetters(db)
+	worker, err := consumer.New(broker, &consumer.Config{Name: "parser", DeadLetters: dead})
+	if err != nil {
+		return err
+	}
+	consumer.Handle(worker, outboxsql.IdempotentAt(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[ParseRequested]) error {
+		_, err := tx.ExecContext(ctx, q("UPDATE "+tasks+" SET status = 'done', parses = parses + 1 WHERE id = ?"), e.Payload.TaskID)
+		return err
+	}))
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 2)
+	go func() { done <- relay.Run(runCtx) }()
+	go func() { done <- worker.Run(runCtx) }()
+	defer func() { stop(); <-done; <-done }()
+
+	// upload creates the task and its event in one transaction, which commits or not.
+	upload := func(taskID string, commit bool) (outbox.Event[ParseRequested], error) {
+		e := outbox.New(ParseRequested{TaskID: taskID, File: taskID + ".csv"}, outbox.WithKey(taskID))
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return e, err
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, q("INSERT INTO "+tasks+" (id, status, parses) VALUES (?, 'pending', 0)"), taskID); err != nil {
+			return e, err
+		}
+		if err := box.Publish(ctx, tx, e); err != nil {
+			return e, err
+		}
+		if !commit {
+			return e, tx.Rollback()
+		}
+		if err := tx.Commit(); err != nil {
+			return e, err
+		}
+		relay.Wake() // same process: no need to wait for the next poll
+		return e, nil
+	}
+	task := func(id string) (status string, parses int) {
+		err := db.QueryRowContext(ctx, q("SELECT status, parses FROM "+tasks+" WHERE id = ?"), id).Scan(&status, &parses)
+		if errors.Is(err, sql.ErrNoRows) {
+			return "absent", 0
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		return status, parses
+	}
+	waitFor := func(what string, cond func() bool) error {
+		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("timed out waiting for %s", what)
+			}
+		}
+		return nil
+	}
+
+	// 1. Committed: the task and its event exist together; the worker parses it.
+	first, err := upload("task-1", true)
+	if err != nil {
+		return err
+	}
+	if err := waitFor("task-1 to be parsed", func() bool { s, _ := task("task-1"); return s == "done" }); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "committed:   task-1 and its event were written together; the relay delivered the event and the worker parsed the file")
+
+	// 2. Rolled back: neither the task nor its event exists; nothing is delivered.
+	if _, err := upload("task-2", false); err != nil {
+		return err
+	}
+	if err := waitFor("the outbox to be empty", func() bool { return len(broker.Sent()) == 1 }); err != nil {
+		return err
+	}
+	status, _ := task("task-2")
+	relayed := len(broker.Sent())
+	fmt.Fprintf(w, "rolled back: task-2 is %s and its event was never delivered (%d event sent in all)\n", status, relayed)
+
+	// 3. Duplicate: the broker delivers task-1's event again (as after a relay crash between
+	// send and delete); the inbox absorbs it.
+	m, _ := first.Encode()
+	if err := broker.Send(ctx, []outbox.Message{m}); err != nil {
+		return err
+	}
+	if err := waitFor("the duplicate to be acknowledged", func() bool { return broker.Len() == 0 }); err != nil {
+		return err
+	}
+	_, parses := task("task-1")
+	fmt.Fprintf(w, "duplicate:   task-1's event was delivered twice; the worker parsed it %d time\n", parses)
+
+	pending, err := dead.List(ctx, deadletter.Filter{Status: deadletter.StatusPending})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "dead letters: %d\n", len(pending))
+	if status != "absent" || parses != 1 || len(pending) != 0 || relayed != 1 {
+		return errors.New("quickstart: unexpected outcome (see above)")
+	}
+	return nil
+}
+
+// open connects to the chosen database.
+func open(kind, dsn string) (*sql.DB, outboxsql.Dialect, func(), error) {
+	nothing := func() {}
+	switch kind {
+	case "sqlite":
+		dir := ""
+		if dsn == "" {
+			var err error
+			if dir, err = os.MkdirTemp("", "txoutbox-quickstart-"); err != nil {
+				return nil, outboxsql.Dialect{}, nothing, err
+			}
+			// WAL and a busy timeout let the producer, relay and worker share the file;
+			// immediate transactions take the write lock up front instead of failing midway.
+			dsn = "file:" + filepath.Join(dir, "quickstart.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate"
+		}
+		db, err := sql.Open("sqlite", dsn)
+		return db, outboxsql.SQLite, func() { db.Close(); removeDir(dir) }, err
+	case "postgres":
+		if dsn == "" {
+			dsn = envOr("TXOUTBOX_PG_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+		}
+		db, err := sql.Open("pgx", dsn)
+		return db, outboxsql.Postgres, func() { db.Close() }, err
+	case "mysql":
+		if dsn == "" {
+			dsn = envOr("TXOUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true&multiStatements=true")
+		}
+		db, err := sql.Open("mysql", dsn)
+		return db, outboxsql.MySQL, func() { db.Close() }, err
+	}
+	return nil, outboxsql.Dialect{}, nothing, fmt.Errorf("-db %q: want sqlite, postgres or mysql", kind)
+}
+
+func removeDir(dir string) {
+	if dir != "" {
+		_ = os.RemoveAll(dir)
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// placeholders returns a function that turns "?" placeholders into the dialect's.
+func placeholders(d outboxsql.Dialect) func(string) string {
+	if d != outboxsql.Postgres {
+		return func(s string) string { return s }
+	}
+	return func(s string) string {
+		var b strings.Builder
+		n := 0
+		for _, r := range s {
+			if r == '?' {
+				n++
+				b.WriteString("$" + strconv.Itoa(n))
+				continue
+			}
+			b.WriteRune(r)
+		}
+		return b.String()
+	}
+}
+
+// dropAll removes the demo's tables from a server database (an embedded file is deleted
+// whole).
+func dropAll(db *sql.DB, d outboxsql.Dialect, name string) {
+	if d == outboxsql.SQLite {
+		return
+	}
+	for _, t := range []string{"tasks", "outbox", "outbox_dead_letters", "outbox_inbox", "outbox_migrations", "outbox_claim_lock"} {
+		_, _ = db.Exec("DROP TABLE IF EXISTS " + name + "_" + t)
+	}
+	if d == outboxsql.Postgres {
+		_, _ = db.Exec("DROP FUNCTION IF EXISTS " + name + "_outbox_claim, " + name + "_outbox_complete")
+	}
+}

@@ -1,0 +1,101 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/deadletter"
+)
+
+// ConsumerDialect is the consumer side of a dialect: the inbox and the dead-letter table.
+type ConsumerDialect interface {
+	// InsertInbox records that consumer handled event id, inside the handler's transaction
+	// q. It returns false when the pair was already recorded: a duplicate delivery.
+	InsertInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error)
+	// SeenInbox reports whether the pair is recorded.
+	SeenInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error)
+	// PruneInbox deletes up to limit inbox rows older than olderThan and returns how many.
+	PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error)
+	// DeadLetters returns the dead-letter table over db.
+	DeadLetters(db DB, n *Names) deadletter.Table
+}
+
+// Consumer returns d's consumer side, or an error naming the dialect if it has none.
+func Consumer(d Dialect) (ConsumerDialect, error) {
+	c, ok := d.(ConsumerDialect)
+	if !ok {
+		return nil, fmt.Errorf("outbox: the %s dialect has no inbox or dead-letter support yet", d.Name())
+	}
+	return c, nil
+}
+
+// forReplay returns the message of dead letter id, marked as its replay (see
+// outbox.ReplayHeader), ready to go back into the outbox.
+func forReplay(id int64, m outbox.Message) (outbox.Message, error) {
+	if _, err := m.Encode(); err != nil {
+		return m, fmt.Errorf("deadletter: %d cannot be replayed (the message was never decoded): %w", id, err)
+	}
+	m.Headers = maps.Clone(m.Headers)
+	if m.Headers == nil {
+		m.Headers = map[string]string{}
+	}
+	m.Headers[outbox.ReplayHeader] = strconv.FormatInt(id, 10)
+	return m, nil
+}
+
+// listWhere turns a dead-letter filter into "?"-placeholder conditions, their arguments
+// and the row limit (default 100, at most 10,000). bindTime binds a time the way the dialect
+// stores the table's times.
+func listWhere(f deadletter.Filter, bindTime func(time.Time) any) (where []string, args []any, limit int) {
+	add := func(cond string, v any) {
+		where = append(where, cond)
+		args = append(args, v)
+	}
+	if f.Status != "" {
+		add("status = ?", string(f.Status))
+	}
+	if f.Stage != "" {
+		add("stage = ?", string(f.Stage))
+	}
+	if f.Consumer != "" {
+		add("consumer = ?", f.Consumer)
+	}
+	if f.EventType != "" {
+		add("event_type = ?", f.EventType)
+	}
+	if !f.Since.IsZero() {
+		add("last_failed_at >= ?", bindTime(f.Since))
+	}
+	if !f.Until.IsZero() {
+		add("last_failed_at < ?", bindTime(f.Until))
+	}
+	add("id > ?", f.AfterID)
+	limit = f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	return where, args, min(limit, 10000)
+}
+
+// scanOne runs a query expected to return at most one row of one column and reports
+// whether it returned one.
+func scanOne(ctx context.Context, q Querier, dest any, query string, args ...any) (bool, error) {
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	found := rows.Next()
+	if found && dest != nil {
+		if err := rows.Scan(dest); err != nil {
+			return false, err
+		}
+	}
+	return found, rows.Err()
+}

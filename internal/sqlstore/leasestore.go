@@ -1,0 +1,263 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/txoutbox/outbox"
+)
+
+// leaseStore is the relay store of the dialects without a server-side claim function (MySQL,
+// SQLite): the same write-backs as PostgreSQL's, as plain statements. Each dialect supplies
+// its claim and the two statements that carry a value per row.
+type leaseStore struct {
+	db DB
+	n  *Names
+	// claim leases rows; the dialect owns how claims are serialised.
+	claim func(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]outbox.Claimed, error)
+	// retry returns the statement, and its arguments, that releases rows for another
+	// attempt after their delay with their error, if they still carry token.
+	retry func(token int64, rs []outbox.Retry) (string, []any)
+	// markDead returns the statement, and its arguments, that writes each row's reason to
+	// its last_error if it still carries token; it is the first write of DeadLetter's
+	// transaction, so it also locks the rows.
+	markDead func(token int64, ds []outbox.DeadLetter) (string, []any)
+	// now is the dialect's expression for the database clock.
+	now string
+	// key is the quoted key column (a reserved word in MySQL).
+	key string
+}
+
+func (s *leaseStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	return s.claim(ctx, s, p)
+}
+
+// inSeqs renders "seq IN (1,2,3)". Splicing is safe: the values are formatted integers.
+func inSeqs(seqs []int64) string { return "seq IN (" + JoinSeqs(seqs) + ")" }
+
+func (s *leaseStore) Complete(ctx context.Context, token int64, seqs []int64) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	return s.db.Exec(ctx, "DELETE FROM "+s.n.Outbox+" WHERE claim_token = ? AND "+inSeqs(seqs), token)
+}
+
+func (s *leaseStore) Release(ctx context.Context, token int64, seqs []int64) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	return s.db.Exec(ctx, "UPDATE "+s.n.Outbox+
+		" SET claim_token = NULL, lease_owner = NULL, lease_until = NULL, attempts = attempts - 1"+
+		" WHERE claim_token = ? AND "+inSeqs(seqs), token)
+}
+
+func (s *leaseStore) Retry(ctx context.Context, token int64, retries []outbox.Retry) error {
+	if len(retries) == 0 {
+		return nil
+	}
+	query, args := s.retry(token, retries)
+	return s.db.Exec(ctx, query, args...)
+}
+
+// DeadLetter copies the rows into the dead-letter table and deletes them in one transaction.
+// Its first statement writes the rows (their reasons), so they stay this claim's until it
+// commits: no newer claim can take them between the copy and the delete.
+func (s *leaseStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) error {
+	if len(dead) == 0 {
+		return nil
+	}
+	seqs := make([]int64, len(dead))
+	for i, d := range dead {
+		seqs[i] = d.Seq
+	}
+	mark, args := s.markDead(token, dead)
+	return inTxReadCommitted(ctx, s.db, func(q Querier) error {
+		if err := q.Exec(ctx, mark, args...); err != nil {
+			return err
+		}
+		if err := q.Exec(ctx, `INSERT INTO `+s.n.DeadLetters+` (event_id, event_type, event_key, headers,
+    content_type, body, created_at, stage, reason, attempts, first_failed_at, last_failed_at)
+SELECT id, type, `+s.key+`, headers, content_type, body, created_at, 'relay', last_error,
+       attempts, COALESCE(first_failed_at, `+s.now+`), `+s.now+`
+  FROM `+s.n.Outbox+` WHERE claim_token = ? AND `+inSeqs(seqs), token); err != nil {
+			return err
+		}
+		return q.Exec(ctx, "DELETE FROM "+s.n.Outbox+" WHERE claim_token = ? AND "+inSeqs(seqs), token)
+	})
+}
+
+// textTimeRows lets ScanClaimed read times that a driver returns as text (SQLite's TEXT
+// columns, MySQL without parseTime=true) as well as time.Time.
+type textTimeRows struct{ Rows }
+
+func (r textTimeRows) Scan(dest ...any) error {
+	var (
+		targets []*time.Time
+		scans   []*anyTime
+	)
+	d := dest
+	for i, x := range dest {
+		t, ok := x.(*time.Time)
+		if !ok {
+			continue
+		}
+		if targets == nil {
+			d = append([]any(nil), dest...)
+		}
+		at := &anyTime{}
+		d[i] = at
+		targets = append(targets, t)
+		scans = append(scans, at)
+	}
+	if err := r.Rows.Scan(d...); err != nil {
+		return err
+	}
+	for i, t := range targets {
+		*t = scans[i].t
+	}
+	return nil
+}
+
+// anyTime scans a time stored as time.Time or as text, taking text without a zone as UTC.
+type anyTime struct{ t time.Time }
+
+var textTimeLayouts = []string{
+	"2006-01-02 15:04:05.999999999",
+	"2006-01-02T15:04:05.999999999",
+	"2006-01-02 15:04:05.999999999Z07:00",
+	time.RFC3339Nano,
+	"2006-01-02 15:04:05.999999999 -0700 MST",
+}
+
+func (a *anyTime) Scan(src any) error {
+	var s string
+	switch v := src.(type) {
+	case nil:
+		a.t = time.Time{}
+		return nil
+	case time.Time:
+		a.t = v.UTC()
+		return nil
+	case []byte:
+		s = string(v)
+	case string:
+		s = v
+	default:
+		return fmt.Errorf("cannot read %T as a time", src)
+	}
+	for _, layout := range textTimeLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			a.t = t.UTC()
+			return nil
+		}
+	}
+	return fmt.Errorf("cannot read %q as a time", s)
+}
+
+var _ sql.Scanner = (*anyTime)(nil)
+
+// insertChunks splits msgs into INSERT statements of at most maxRows rows and, past the
+// first row, maxBytes of bodies: large batches stay under the server's packet limit.
+func insertChunks(msgs []outbox.Message, maxRows, maxBytes int, fn func([]outbox.Message) error) error {
+	for len(msgs) > 0 {
+		n, size := 0, 0
+		for n < len(msgs) && n < maxRows {
+			size += len(msgs[n].Body)
+			if n > 0 && size > maxBytes {
+				break
+			}
+			n++
+		}
+		if err := fn(msgs[:n]); err != nil {
+			return err
+		}
+		msgs = msgs[n:]
+	}
+	return nil
+}
+
+var repeatedSQL sync.Map // head, tuple, sep, rows → statement
+
+// valuesSQL builds (and caches) head followed by rows copies of tuple, comma-separated.
+func valuesSQL(head, tuple string, rows int) string { return repeatSQL(head, tuple, ",", rows) }
+
+// repeatSQL builds (and caches) head followed by rows copies of tuple separated by sep.
+func repeatSQL(head, tuple, sep string, rows int) string {
+	key := head + "\x00" + tuple + "\x00" + sep + "\x00" + strconv.Itoa(rows)
+	if s, ok := repeatedSQL.Load(key); ok {
+		return s.(string)
+	}
+	var b strings.Builder
+	b.Grow(len(head) + rows*(len(tuple)+len(sep)))
+	b.WriteString(head)
+	for r := range rows {
+		if r > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(tuple)
+	}
+	s := b.String()
+	repeatedSQL.Store(key, s)
+	return s
+}
+
+// splitStatements cuts a migration into statements for drivers that run one per call: a
+// statement ends with a line whose last character is ';'. Comment-only chunks are dropped.
+func splitStatements(script string) []string {
+	var (
+		out []string
+		cur strings.Builder
+	)
+	flush := func() {
+		stmt := strings.TrimSpace(cur.String())
+		cur.Reset()
+		for _, line := range strings.Split(stmt, "\n") {
+			if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "--") {
+				out = append(out, strings.TrimSuffix(stmt, ";"))
+				return
+			}
+		}
+	}
+	for line := range strings.SplitSeq(script, "\n") {
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(strings.TrimRight(line, " \t\r"), ";") {
+			flush()
+		}
+	}
+	flush()
+	return out
+}
+
+// statements runs a multi-statement script (a migration) one statement at a time.
+type statements struct{ Querier }
+
+func (q statements) Exec(ctx context.Context, query string, args ...any) error {
+	if len(args) > 0 {
+		return q.Querier.Exec(ctx, query, args...)
+	}
+	for _, stmt := range splitStatements(query) {
+		if err := q.Querier.Exec(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkLen fails, naming the limit, when a field is longer than its column allows; MySQL in
+// non-strict mode would otherwise truncate it silently.
+func checkLen(m outbox.Message, field, value string, limit int) error {
+	if n := utf8.RuneCountInString(value); n > limit {
+		return fmt.Errorf("outbox: event %s: %s is %d characters, over the column limit of %d", m.ID, field, n, limit)
+	}
+	return nil
+}

@@ -1,0 +1,106 @@
+-- The outbox, the dead-letter table, and the relay's claim and complete functions.
+
+
+CREATE TABLE {{.Outbox}} (
+    seq             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id              uuid        NOT NULL,
+    type            text        NOT NULL,
+    key             text        NOT NULL DEFAULT '',
+    headers         jsonb,
+    content_type    text        NOT NULL,
+    body            bytea       NOT NULL,
+    created_at      timestamptz NOT NULL,
+    available_at    timestamptz NOT NULL DEFAULT now(),
+    attempts        integer     NOT NULL DEFAULT 0,
+    claim_token     bigint,
+    lease_owner     text,
+    lease_until     timestamptz,
+    first_failed_at timestamptz,
+    last_error      text
+) WITH (
+    -- Leasing a row updates only unindexed columns: room on the page keeps those updates HOT
+    -- (a claim leases whole pages of rows at once, so half the page is kept free).
+    fillfactor = 50,
+    -- A queue table churns: vacuum it after ~1% dead rows, not the default 20%.
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02
+);
+
+-- Serves the claim's "no earlier message of this key is leased or waiting" check.
+CREATE INDEX {{idx "key_seq_idx"}} ON {{.Outbox}} (key, seq) WHERE key <> '';
+
+CREATE TABLE {{.DeadLetters}} (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id          uuid        NOT NULL,
+    event_type        text        NOT NULL,
+    event_key         text        NOT NULL DEFAULT '',
+    headers           jsonb,
+    content_type      text        NOT NULL DEFAULT '',
+    body              bytea       NOT NULL,
+    created_at        timestamptz NOT NULL,
+    stage             text        NOT NULL CHECK (stage IN ('relay', 'consumer')),
+    consumer          text        NOT NULL DEFAULT '',
+    reason            text        NOT NULL,
+    attempts          integer     NOT NULL,
+    first_failed_at   timestamptz NOT NULL,
+    last_failed_at    timestamptz NOT NULL,
+    status            text        NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'replayed', 'discarded')),
+    status_changed_at timestamptz
+);
+-- "What failed since yesterday, and why": by status and time; and by event.
+CREATE INDEX {{idx "dead_letters_status_time_idx"}} ON {{.DeadLetters}} (status, last_failed_at);
+CREATE INDEX {{idx "dead_letters_time_idx"}} ON {{.DeadLetters}} (last_failed_at);
+CREATE INDEX {{idx "dead_letters_event_idx"}} ON {{.DeadLetters}} (event_id);
+
+-- Claim leases up to p_limit due messages. Claims of one outbox are serialised by an advisory
+-- lock so that the check "no earlier message of this key is leased or waiting" sees every
+-- committed claim (READ COMMITTED: each statement below takes a fresh snapshot). The relay's
+-- own commits may be lost on a crash without losing events (only re-sending them), so they
+-- skip the WAL flush.
+CREATE FUNCTION {{.ClaimFunc}}(p_owner text, p_token bigint, p_limit integer, p_lease_ms bigint)
+RETURNS TABLE (seq bigint, id text, type text, key text, headers text, content_type text,
+               body bytea, created_at timestamptz, attempts integer)
+LANGUAGE plpgsql
+-- JIT compiling this small, frequent query costs far more than it saves.
+SET jit = off
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM pg_advisory_xact_lock({{.LockKey}});
+    RETURN QUERY
+    UPDATE {{.Outbox}} AS o
+       SET claim_token = p_token,
+           lease_owner = p_owner,
+           lease_until = now() + p_lease_ms * interval '1 millisecond',
+           attempts    = o.attempts + 1
+     -- ARRAY(...) keeps the update on the primary key; a join would hash the whole table.
+     WHERE o.seq = ANY (ARRAY(
+            SELECT c.seq
+              FROM {{.Outbox}} AS c
+             WHERE c.available_at <= now()
+               AND (c.lease_until IS NULL OR c.lease_until <= now())
+               AND (c.key = '' OR NOT EXISTS (
+                      SELECT 1 FROM {{.Outbox}} AS p
+                       WHERE p.key = c.key AND p.key <> '' AND p.seq < c.seq
+                         AND (p.available_at > now() OR p.lease_until > now())))
+             ORDER BY c.seq
+             LIMIT p_limit
+             FOR UPDATE SKIP LOCKED))
+    RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
+              o.body, o.created_at, o.attempts;
+END
+$fn$;
+
+-- Complete deletes delivered messages of one claim, skipping the WAL flush like the claim.
+CREATE FUNCTION {{.CompleteFunc}}(p_token bigint, p_seqs bigint[])
+RETURNS void
+LANGUAGE plpgsql
+SET jit = off
+AS $fn$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM {{.Outbox}} WHERE claim_token = p_token AND seq = ANY (p_seqs);
+END
+$fn$;

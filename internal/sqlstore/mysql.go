@@ -1,0 +1,282 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/txoutbox/outbox"
+)
+
+// MySQL is the MySQL 8.0.13+ / MariaDB 10.6+ dialect (InnoDB; FOR UPDATE SKIP LOCKED,
+// JSON_TABLE). The relay store claims at READ COMMITTED when the adapter's DB can (every
+// database/sql adapter can); on a server with binlog_format=STATEMENT that level cannot
+// write, so use ROW or MIXED (the defaults of MySQL 8 and MariaDB).
+var MySQL Dialect = mysqlDialect{}
+
+type mysqlDialect struct{}
+
+func (mysqlDialect) Name() string { return "mysql" }
+
+func (mysqlDialect) Quote(ident string) string { return "`" + ident + "`" }
+
+func (mysqlDialect) Migrations() []Migration { return loadMigrations("mysql") }
+
+// mysqlNow is the database clock: leases and delays are measured by the server, never by
+// the relay's host, as PostgreSQL's now() is.
+const mysqlNow = "UTC_TIMESTAMP(6)"
+
+// Migrate runs the pending migrations. MySQL commits DDL implicitly, so they cannot share
+// one transaction: a session lock (GET_LOCK) keeps concurrent migrators apart, the version
+// table records what ran, and every statement is idempotent so a run cut short repeats
+// safely. The transaction only pins one connection for the session lock.
+func (d mysqlDialect) Migrate(ctx context.Context, db DB, n *Names) error {
+	return db.InTx(ctx, func(q Querier) (err error) {
+		lock := fmt.Sprintf("txoutbox_migrate_%016x", uint64(n.MigrateKey))
+		var got sql.NullInt64
+		if err := queryRow(ctx, q, []any{&got}, "SELECT GET_LOCK(?, ?)", lock, 300); err != nil {
+			return fmt.Errorf("taking the migration lock: %w", err)
+		}
+		if got.Int64 != 1 {
+			return errors.New("outbox: timed out after 300s waiting for another migration of this outbox (MySQL lock " + lock + ")")
+		}
+		defer func() {
+			if rerr := q.Exec(context.WithoutCancel(ctx), "DO RELEASE_LOCK(?)", lock); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("releasing the migration lock: %w", rerr))
+			}
+		}()
+		if n.Schema != "" {
+			if err := q.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+d.Quote(n.Schema)); err != nil {
+				return err
+			}
+		}
+		return runMigrations(ctx, d, statements{q}, n,
+			"CREATE TABLE IF NOT EXISTS "+n.Migrations+" (version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB",
+			"INSERT INTO "+n.Migrations+" (version, name, applied_at) VALUES (?, ?, "+mysqlNow+")")
+	})
+}
+
+// queryRow scans the one row of a query into dest.
+func queryRow(ctx context.Context, q Querier, dest []any, query string, args ...any) error {
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	return rows.Err()
+}
+
+const (
+	mysqlInsertTuple = "(?,?,?,?,?,?,?," + mysqlNow + ")"
+	// 1000 rows × 7 parameters stay far under MySQL's 65535; 4 MiB of bodies per statement
+	// stays under every server's max_allowed_packet default (MariaDB 16 MiB, MySQL 64 MiB).
+	mysqlMaxInsertRows  = 1000
+	mysqlMaxInsertBytes = 4 << 20
+	mysqlMaxText        = 255 // type, key and content_type are VARCHAR(255)
+)
+
+// Insert writes msgs with multi-row INSERTs. Fields longer than their columns fail with an
+// error instead of being truncated by a server in non-strict mode.
+func (mysqlDialect) Insert(ctx context.Context, q Querier, n *Names, msgs []outbox.Message) error {
+	for _, m := range msgs {
+		if err := errors.Join(
+			checkLen(m, "type", m.Type, mysqlMaxText),
+			checkLen(m, "key", m.Key, mysqlMaxText),
+			checkLen(m, "content type", m.ContentType, mysqlMaxText),
+		); err != nil {
+			return err
+		}
+	}
+	head := "INSERT INTO " + n.Outbox + " (id, type, `key`, headers, content_type, body, created_at, available_at) VALUES "
+	return insertChunks(msgs, mysqlMaxInsertRows, mysqlMaxInsertBytes, func(chunk []outbox.Message) error {
+		args := make([]any, 0, 7*len(chunk))
+		for _, m := range chunk {
+			args = append(args, messageArgs(m)...)
+		}
+		return q.Exec(ctx, valuesSQL(head, mysqlInsertTuple, len(chunk)), args...)
+	})
+}
+
+// messageArgs is MessageArgs with an empty body for a nil one (the column is NOT NULL).
+func messageArgs(m outbox.Message) []any {
+	if m.Body == nil {
+		m.Body = []byte{}
+	}
+	return MessageArgs(m)
+}
+
+func (mysqlDialect) Store(db DB, n *Names) outbox.Store {
+	return &leaseStore{
+		db:    db,
+		n:     n,
+		claim: mysqlClaim,
+		now:   mysqlNow,
+		key:   "`key`",
+		retry: func(token int64, rs []outbox.Retry) (string, []any) {
+			args := make([]any, 0, 3*len(rs)+1)
+			for _, r := range rs {
+				args = append(args, r.Seq, r.Delay.Microseconds(), r.Error)
+			}
+			return `UPDATE ` + n.Outbox + ` AS o
+  JOIN (` + mysqlRowsSQL(len(rs), "seq SIGNED", "delay_us SIGNED", "msg CHAR") + `) AS r
+    ON o.seq = r.seq
+   SET o.available_at = ` + mysqlNow + ` + INTERVAL r.delay_us MICROSECOND,
+       o.last_error = r.msg,
+       o.first_failed_at = COALESCE(o.first_failed_at, ` + mysqlNow + `),
+       o.claim_token = NULL, o.lease_owner = NULL, o.lease_until = NULL
+ WHERE o.claim_token = ?`, append(args, token)
+		},
+		markDead: func(token int64, ds []outbox.DeadLetter) (string, []any) {
+			args := make([]any, 0, 2*len(ds)+1)
+			for _, d := range ds {
+				args = append(args, d.Seq, d.Reason)
+			}
+			return `UPDATE ` + n.Outbox + ` AS o
+  JOIN (` + mysqlRowsSQL(len(ds), "seq SIGNED", "reason CHAR") + `) AS r
+    ON o.seq = r.seq
+   SET o.last_error = r.reason
+ WHERE o.claim_token = ?`, append(args, token)
+		},
+	}
+}
+
+// mysqlRowsSQL builds a derived table of rows rows of typed placeholders, "SELECT
+// CAST(? AS SIGNED) AS seq, … UNION ALL SELECT …", for write-backs that carry a value per
+// row: the optimizer joins it to the outbox's primary key. (One JSON argument read with
+// JSON_TABLE would keep the statement constant, but a table function in a multi-table
+// UPDATE is not something every MySQL and MariaDB version is known to accept; a derived
+// table is.) Each column is "name type" with type SIGNED or CHAR.
+func mysqlRowsSQL(rows int, cols ...string) string {
+	named := make([]string, len(cols))
+	typed := make([]string, len(cols))
+	for i, c := range cols {
+		name, typ, _ := strings.Cut(c, " ")
+		typed[i] = "CAST(? AS " + typ + ")"
+		named[i] = typed[i] + " AS " + name
+	}
+	return repeatSQL("SELECT "+strings.Join(named, ", "), " UNION ALL SELECT "+strings.Join(typed, ", "), "", rows-1)
+}
+
+// mysqlClaim is PostgreSQL's claim function as one READ COMMITTED transaction:
+//
+//  1. lock the claim-lock row, so claims of one outbox run one at a time and each sees
+//     every lease committed before it (a row lock ends with the transaction, as
+//     pg_advisory_xact_lock does; GET_LOCK would outlive the commit unless released by
+//     hand on the same connection, and a release lost to a cancelled context would stall
+//     every relay);
+//  2. read the deliverable rows FOR UPDATE SKIP LOCKED (rows a write-back is changing are
+//     skipped), in seq order, with the per-key rule;
+//  3. stamp the lease on them.
+func mysqlClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	var claimed []outbox.Claimed
+	err := inTxReadCommitted(ctx, s.db, func(q Querier) error {
+		var one int
+		if err := queryRow(ctx, q, []any{&one}, "SELECT id FROM "+s.n.ClaimLock+" WHERE id = 1 FOR UPDATE"); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("outbox: %s has no row: run Migrate", s.n.ClaimLock)
+			}
+			return fmt.Errorf("locking %s: %w", s.n.ClaimLock, err)
+		}
+		cands, err := mysqlCandidates(ctx, s, q, p.Limit)
+		if err != nil || len(cands) == 0 {
+			return err
+		}
+		seqs := make([]int64, len(cands))
+		for i, c := range cands {
+			seqs[i] = c.seq
+		}
+		// Lock the candidates. A concurrent write-back (a delete, a retry) may hold one; it is
+		// skipped, and so is every later candidate of its key, which must not overtake it.
+		rows, err := q.Query(ctx, `SELECT seq, id, type, `+"`key`"+`, COALESCE(CAST(headers AS CHAR), ''),
+       content_type, body, created_at, attempts + 1
+  FROM `+s.n.Outbox+`
+ WHERE `+inSeqs(seqs)+`
+   AND available_at <= `+mysqlNow+`
+   AND (lease_until IS NULL OR lease_until <= `+mysqlNow+`)
+   FOR UPDATE SKIP LOCKED`)
+		if err != nil {
+			return err
+		}
+		locked, err := ScanClaimed(textTimeRows{rows})
+		if err != nil {
+			return err
+		}
+		bySeq := make(map[int64]outbox.Claimed, len(locked))
+		for _, c := range locked {
+			bySeq[c.Seq] = c
+		}
+		skipped := map[string]bool{}
+		seqs = seqs[:0]
+		for _, c := range cands {
+			got, ok := bySeq[c.seq]
+			if c.key != "" && (skipped[c.key] || !ok) {
+				skipped[c.key] = true
+				continue
+			}
+			if ok {
+				claimed = append(claimed, got)
+				seqs = append(seqs, c.seq)
+			}
+		}
+		if len(claimed) == 0 {
+			return nil
+		}
+		return q.Exec(ctx, `UPDATE `+s.n.Outbox+`
+   SET claim_token = ?, lease_owner = ?,
+       lease_until = `+mysqlNow+` + INTERVAL ? MICROSECOND,
+       attempts = attempts + 1
+ WHERE `+inSeqs(seqs), p.Token, p.Owner, p.Lease.Microseconds())
+	})
+	if err != nil {
+		return nil, err
+	}
+	return claimed, nil
+}
+
+type mysqlCandidate struct {
+	seq int64
+	key string
+}
+
+// mysqlCandidates picks the deliverable rows with a plain (non-locking) read. It must not be
+// a locking read: MariaDB extends a statement's FOR UPDATE SKIP LOCKED to its subqueries, so
+// the per-key check would skip an earlier row that a write-back holds, and let a later row of
+// its key overtake it. At READ COMMITTED the read sees every committed claim (claims are
+// serialised by the lock row), and until this claim commits, concurrent write-backs can only
+// unblock keys, never block one, so the picked rows stay safe to lease.
+func mysqlCandidates(ctx context.Context, s *leaseStore, q Querier, limit int) ([]mysqlCandidate, error) {
+	rows, err := q.Query(ctx, `SELECT c.seq, c.`+"`key`"+`
+  FROM `+s.n.Outbox+` AS c
+ WHERE c.available_at <= `+mysqlNow+`
+   AND (c.lease_until IS NULL OR c.lease_until <= `+mysqlNow+`)
+   AND (c.`+"`key`"+` = '' OR NOT EXISTS (
+          SELECT 1 FROM `+s.n.Outbox+` AS p
+           WHERE p.`+"`key`"+` = c.`+"`key`"+` AND p.seq < c.seq
+             AND (p.available_at > `+mysqlNow+` OR p.lease_until > `+mysqlNow+`)))
+ ORDER BY c.seq
+ LIMIT ?`, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []mysqlCandidate
+	for rows.Next() {
+		var c mysqlCandidate
+		if err := rows.Scan(&c.seq, &c.key); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,215 @@
+package sqlstore
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/txoutbox/outbox"
+)
+
+//go:embed migrations
+var migrationFiles embed.FS
+
+// Postgres is the PostgreSQL dialect (12 and later).
+var Postgres Dialect = postgres{}
+
+type postgres struct{}
+
+func (postgres) Name() string { return "postgres" }
+
+func (postgres) Quote(ident string) string { return `"` + ident + `"` }
+
+func (d postgres) Migrations() []Migration { return loadMigrations("postgres") }
+
+func (d postgres) Migrate(ctx context.Context, db DB, n *Names) error {
+	return db.InTx(ctx, func(q Querier) error {
+		if err := q.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", n.MigrateKey); err != nil {
+			return err
+		}
+		if n.Schema != "" {
+			if err := q.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+d.Quote(n.Schema)); err != nil {
+				return err
+			}
+		}
+		return runMigrations(ctx, d, q, n,
+			"CREATE TABLE IF NOT EXISTS "+n.Migrations+" (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+			"INSERT INTO "+n.Migrations+" (version, name) VALUES ($1, $2)")
+	})
+}
+
+// insertColumns is the column list every dialect's INSERT writes, in argument order.
+const insertColumns = "(id, type, key, headers, content_type, body, created_at)"
+
+// MessageArgs returns m's INSERT arguments in insertColumns order: plain strings, bytes and
+// times, which every driver binds.
+func MessageArgs(m outbox.Message) []any {
+	return []any{m.ID.String(), m.Type, m.Key, HeadersJSON(m.Headers), m.ContentType, m.Body, m.CreatedAt}
+}
+
+// HeadersJSON encodes headers for storage; nil for none.
+func HeadersJSON(h map[string]string) any {
+	if len(h) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(h) // a map[string]string always encodes
+	return string(b)
+}
+
+var pgInserts sync.Map // "table/rows" → statement
+
+// pgInsertSQL builds (and caches) an INSERT of rows messages.
+func pgInsertSQL(table string, rows int) string {
+	key := table + "/" + strconv.Itoa(rows)
+	if s, ok := pgInserts.Load(key); ok {
+		return s.(string)
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + table + " " + insertColumns + " VALUES ")
+	for r := range rows {
+		if r > 0 {
+			b.WriteByte(',')
+		}
+		o := r * 7
+		fmt.Fprintf(&b, "($%d::uuid,$%d,$%d,$%d::jsonb,$%d,$%d,$%d)", o+1, o+2, o+3, o+4, o+5, o+6, o+7)
+	}
+	s := b.String()
+	pgInserts.Store(key, s)
+	return s
+}
+
+// maxInsertRows keeps one multi-row INSERT under PostgreSQL's 65535 parameters.
+const maxInsertRows = 1000
+
+func (postgres) Insert(ctx context.Context, q Querier, n *Names, msgs []outbox.Message) error {
+	for len(msgs) > 0 {
+		chunk := msgs[:min(len(msgs), maxInsertRows)]
+		msgs = msgs[len(chunk):]
+		args := make([]any, 0, 7*len(chunk))
+		for _, m := range chunk {
+			args = append(args, MessageArgs(m)...)
+		}
+		if err := q.Exec(ctx, pgInsertSQL(n.Outbox, len(chunk)), args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d postgres) Store(db DB, n *Names) outbox.Store { return &pgStore{db: db, n: n} }
+
+type pgStore struct {
+	db DB
+	n  *Names
+}
+
+func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	rows, err := s.db.Query(ctx, "SELECT * FROM "+s.n.ClaimFunc+"($1, $2, $3, $4)",
+		p.Owner, p.Token, p.Limit, p.Lease.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	return ScanClaimed(rows)
+}
+
+// ScanClaimed reads claimed rows (seq, id, type, key, headers, content_type, body,
+// created_at, attempts) and returns them in outbox order.
+func ScanClaimed(rows Rows) ([]outbox.Claimed, error) {
+	defer rows.Close()
+	var out []outbox.Claimed
+	for rows.Next() {
+		var (
+			c       outbox.Claimed
+			id, hdr string
+		)
+		m := &c.Message
+		if err := rows.Scan(&c.Seq, &id, &m.Type, &m.Key, &hdr, &m.ContentType, &m.Body, &m.CreatedAt, &c.Attempts); err != nil {
+			return nil, err
+		}
+		if err := m.ID.UnmarshalText([]byte(id)); err != nil {
+			return nil, fmt.Errorf("outbox row %d has an invalid id %q: %w", c.Seq, id, err)
+		}
+		if hdr != "" {
+			if err := json.Unmarshal([]byte(hdr), &m.Headers); err != nil {
+				return nil, fmt.Errorf("outbox row %d has invalid headers: %w", c.Seq, err)
+			}
+		}
+		m.CreatedAt = m.CreatedAt.UTC()
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	sortBySeq(out)
+	return out, nil
+}
+
+func (s *pgStore) Complete(ctx context.Context, token int64, seqs []int64) error {
+	return s.db.Exec(ctx, "SELECT "+s.n.CompleteFunc+"($1, string_to_array($2, ',')::bigint[])", token, JoinSeqs(seqs))
+}
+
+func (s *pgStore) Retry(ctx context.Context, token int64, retries []outbox.Retry) error {
+	type row struct {
+		Seq     int64  `json:"seq"`
+		DelayMS int64  `json:"delay_ms"`
+		Error   string `json:"error"`
+	}
+	rs := make([]row, len(retries))
+	for i, r := range retries {
+		rs[i] = row{r.Seq, r.Delay.Milliseconds(), r.Error}
+	}
+	js, _ := json.Marshal(rs)
+	return s.db.Exec(ctx, `UPDATE `+s.n.Outbox+` AS o
+   SET available_at = now() + r.delay_ms * interval '1 millisecond',
+       last_error = r.error,
+       first_failed_at = coalesce(o.first_failed_at, now()),
+       claim_token = NULL, lease_owner = NULL, lease_until = NULL
+  FROM jsonb_to_recordset($2::jsonb) AS r(seq bigint, delay_ms bigint, error text)
+ WHERE o.seq = r.seq AND o.claim_token = $1`, token, string(js))
+}
+
+func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) error {
+	type row struct {
+		Seq    int64  `json:"seq"`
+		Reason string `json:"reason"`
+	}
+	rs := make([]row, len(dead))
+	for i, d := range dead {
+		rs[i] = row{d.Seq, d.Reason}
+	}
+	js, _ := json.Marshal(rs)
+	return s.db.Exec(ctx, `WITH moved AS (
+    DELETE FROM `+s.n.Outbox+` AS o
+     USING jsonb_to_recordset($2::jsonb) AS r(seq bigint, reason text)
+     WHERE o.seq = r.seq AND o.claim_token = $1
+    RETURNING o.id, o.type, o.key, o.headers, o.content_type, o.body, o.created_at,
+              o.attempts, o.first_failed_at, r.reason)
+INSERT INTO `+s.n.DeadLetters+` (event_id, event_type, event_key, headers, content_type, body,
+    created_at, stage, reason, attempts, first_failed_at, last_failed_at)
+SELECT id, type, key, headers, content_type, body, created_at, 'relay', reason, attempts,
+       coalesce(first_failed_at, now()), now()
+  FROM moved`, token, string(js))
+}
+
+func (s *pgStore) Release(ctx context.Context, token int64, seqs []int64) error {
+	return s.db.Exec(ctx, `UPDATE `+s.n.Outbox+`
+   SET claim_token = NULL, lease_owner = NULL, lease_until = NULL, attempts = attempts - 1
+ WHERE claim_token = $1 AND seq = ANY (string_to_array($2, ',')::bigint[])`, token, JoinSeqs(seqs))
+}
+
+// JoinSeqs renders seqs as "1,2,3": one text argument that every driver binds, where array
+// arguments are driver-specific.
+func JoinSeqs(seqs []int64) string {
+	b := make([]byte, 0, 8*len(seqs))
+	for i, s := range seqs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, s, 10)
+	}
+	return string(b)
+}

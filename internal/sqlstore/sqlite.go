@@ -1,0 +1,148 @@
+package sqlstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/txoutbox/outbox"
+)
+
+// SQLite is the SQLite 3.35+ dialect, the embedded default: one relay per database file.
+//
+// SQLite has one writer at a time and no SKIP LOCKED. A claim is a single UPDATE ...
+// RETURNING statement: a write statement takes the database's write lock before it reads,
+// so its choice of rows and its leases are atomic, and claims are serialised like every
+// other write. Several relays on one file are therefore safe but take turns; they gain
+// nothing. Open the database with WAL mode and a busy timeout (modernc.org/sqlite:
+// "file.db?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)") so readers never block
+// the writer and writers queue instead of failing with SQLITE_BUSY; with
+// "_txlock=immediate" application transactions take the write lock at BEGIN as well.
+var SQLite Dialect = sqliteDialect{}
+
+type sqliteDialect struct{}
+
+func (sqliteDialect) Name() string { return "sqlite" }
+
+func (sqliteDialect) Quote(ident string) string { return `"` + ident + `"` }
+
+func (sqliteDialect) Migrations() []Migration { return loadMigrations("sqlite") }
+
+// sqliteNow is SQLite's clock as the UTC text every time column holds. 'now' is stable
+// within one statement.
+const sqliteNow = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+// sqliteTime is the text form of the times Insert writes: UTC, microseconds, like
+// PostgreSQL's timestamptz.
+const sqliteTime = "2006-01-02 15:04:05.000000"
+
+// Migrate runs the pending migrations in one transaction: SQLite's DDL is transactional.
+func (d sqliteDialect) Migrate(ctx context.Context, db DB, n *Names) error {
+	return db.InTx(ctx, func(q Querier) error {
+		return runMigrations(ctx, d, statements{q}, n,
+			"CREATE TABLE IF NOT EXISTS "+n.Migrations+" (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
+			"INSERT INTO "+n.Migrations+" (version, name, applied_at) VALUES (?, ?, "+sqliteNow+")")
+	})
+}
+
+// sqliteMaxInsertRows keeps 7 parameters a row under the 999 of SQLite builds before 3.32.
+const (
+	sqliteMaxInsertRows  = 140
+	sqliteMaxInsertBytes = 16 << 20
+)
+
+func (sqliteDialect) Insert(ctx context.Context, q Querier, n *Names, msgs []outbox.Message) error {
+	head := `INSERT INTO ` + n.Outbox + ` (id, type, "key", headers, content_type, body, created_at) VALUES `
+	return insertChunks(msgs, sqliteMaxInsertRows, sqliteMaxInsertBytes, func(chunk []outbox.Message) error {
+		args := make([]any, 0, 7*len(chunk))
+		for _, m := range chunk {
+			a := messageArgs(m)
+			a[6] = m.CreatedAt.UTC().Format(sqliteTime)
+			args = append(args, a...)
+		}
+		return q.Exec(ctx, valuesSQL(head, "(?,?,?,?,?,?,?)", len(chunk)), args...)
+	})
+}
+
+func (sqliteDialect) Store(db DB, n *Names) outbox.Store {
+	return &leaseStore{
+		db:    db,
+		n:     n,
+		claim: sqliteClaim,
+		now:   sqliteNow,
+		key:   `"key"`,
+		retry: func(token int64, rs []outbox.Retry) (string, []any) {
+			return `UPDATE ` + n.Outbox + ` AS o
+   SET available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', r.delay_ms / 1000.0)),
+       last_error = r.msg,
+       first_failed_at = COALESCE(o.first_failed_at, ` + sqliteNow + `),
+       claim_token = NULL, lease_owner = NULL, lease_until = NULL
+  FROM (SELECT json_extract(value, '$.seq') AS seq,
+               json_extract(value, '$.delay_ms') AS delay_ms,
+               json_extract(value, '$.error') AS msg
+          FROM json_each(?)) AS r
+ WHERE o.seq = r.seq AND o.claim_token = ?`, []any{jsonRetries(rs), token}
+		},
+		markDead: func(token int64, ds []outbox.DeadLetter) (string, []any) {
+			return `UPDATE ` + n.Outbox + ` AS o
+   SET last_error = r.reason
+  FROM (SELECT json_extract(value, '$.seq') AS seq, json_extract(value, '$.reason') AS reason
+          FROM json_each(?)) AS r
+ WHERE o.seq = r.seq AND o.claim_token = ?`, []any{jsonDeadLetters(ds), token}
+		},
+	}
+}
+
+// sqliteClaim is PostgreSQL's claim function as one statement (see [SQLite] for why one
+// statement is atomic).
+func sqliteClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	rows, err := s.db.Query(ctx, `UPDATE `+s.n.Outbox+`
+   SET claim_token = ?, lease_owner = ?,
+       lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', ?),
+       attempts = attempts + 1
+ WHERE seq IN (
+       SELECT c.seq FROM `+s.n.Outbox+` AS c
+        WHERE c.available_at <= `+sqliteNow+`
+          AND (c.lease_until IS NULL OR c.lease_until <= `+sqliteNow+`)
+          AND (c."key" = '' OR NOT EXISTS (
+                 SELECT 1 FROM `+s.n.Outbox+` AS p
+                  WHERE p."key" = c."key" AND p."key" <> '' AND p.seq < c.seq
+                    AND (p.available_at > `+sqliteNow+` OR p.lease_until > `+sqliteNow+`)))
+        ORDER BY c.seq
+        LIMIT ?)
+RETURNING seq, id, type, "key", COALESCE(headers, ''), content_type, body, created_at, attempts`,
+		p.Token, p.Owner, fmt.Sprintf("%+.3f seconds", p.Lease.Seconds()), p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	return ScanClaimed(textTimeRows{rows})
+}
+
+// jsonRetries and jsonDeadLetters encode write-backs for dialects that read per-row values
+// from one JSON argument (SQLite's json_each).
+func jsonRetries(rs []outbox.Retry) string {
+	type row struct {
+		Seq     int64  `json:"seq"`
+		DelayMS int64  `json:"delay_ms"`
+		Error   string `json:"error"`
+	}
+	out := make([]row, len(rs))
+	for i, r := range rs {
+		out[i] = row{r.Seq, r.Delay.Milliseconds(), r.Error}
+	}
+	js, _ := json.Marshal(out) // strings and integers always encode
+	return string(js)
+}
+
+func jsonDeadLetters(ds []outbox.DeadLetter) string {
+	type row struct {
+		Seq    int64  `json:"seq"`
+		Reason string `json:"reason"`
+	}
+	out := make([]row, len(ds))
+	for i, d := range ds {
+		out[i] = row{d.Seq, d.Reason}
+	}
+	js, _ := json.Marshal(out)
+	return string(js)
+}

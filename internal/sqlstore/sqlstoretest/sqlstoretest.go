@@ -1,0 +1,230 @@
+// Package sqlstoretest gives the database/sql-based adapters' tests (GORM, bun,
+// database/sql) a fresh outbox per test on a real PostgreSQL, MariaDB/MySQL or SQLite, and
+// the conformance-suite fixture over it. It imports no driver: each test opens the database
+// with its own.
+package sqlstoretest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/sqlstore"
+	"github.com/txoutbox/outbox/outboxtest"
+)
+
+// PostgresURL is TXOUTBOX_PG_URL or the local test database.
+func PostgresURL() string {
+	if u := os.Getenv("TXOUTBOX_PG_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// MySQLDSN is TXOUTBOX_MYSQL_DSN or the local test database (go-sql-driver/mysql form).
+func MySQLDSN() string {
+	if u := os.Getenv("TXOUTBOX_MYSQL_DSN"); u != "" {
+		return u
+	}
+	return "root@tcp(127.0.0.1:3306)/test?parseTime=true&multiStatements=true"
+}
+
+// SQLiteDSN is a new database file in dir, in WAL mode with a busy timeout (the pragma syntax
+// of modernc.org/sqlite and its forks).
+func SQLiteDSN(dir string) string {
+	return "file:" + filepath.Join(dir, "outbox.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+}
+
+// Target is one test's database and outbox names: a schema of its own on PostgreSQL,
+// tables with a prefix of their own on MySQL, a file of its own on SQLite. Everything is
+// dropped when the test ends.
+type Target struct {
+	DB      *sql.DB
+	Dialect string // "postgres", "mysql" or "sqlite"
+	DSN     string
+	Tables  outbox.Tables
+	names   *sqlstore.Names
+	tables  []string // business tables to drop (MySQL)
+}
+
+// New opens a database of dialect with open(dsn), checks it answers (a missing service
+// fails the test under CI and skips it otherwise) and picks fresh outbox names. The outbox
+// is not migrated.
+func New(t testing.TB, dialect string, open func(dsn string) (*sql.DB, error)) *Target {
+	t.Helper()
+	d, err := sqlstore.Lookup(dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dsn, service string
+	switch dialect {
+	case "postgres":
+		dsn, service = PostgresURL(), "PostgreSQL"
+	case "mysql":
+		dsn, service = MySQLDSN(), "MySQL/MariaDB"
+	case "sqlite":
+		dsn, service = SQLiteDSN(t.TempDir()), "SQLite"
+	}
+	db, err := open(dsn)
+	if err == nil {
+		if err = db.PingContext(context.Background()); err != nil {
+			db.Close()
+		}
+	}
+	outboxtest.RequireService(t, service, err)
+	tg := &Target{DB: db, Dialect: dialect, DSN: dsn}
+	suffix := fmt.Sprintf("%012x", rand.Uint64()>>16)
+	switch dialect {
+	case "postgres":
+		tg.Tables = outbox.Tables{Schema: "t_" + suffix}
+	case "mysql":
+		tg.Tables = outbox.Tables{Outbox: "ob_" + suffix}
+	}
+	if tg.names, err = sqlstore.NewNames(d, tg.Tables); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		switch dialect {
+		case "postgres":
+			_, _ = db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+tg.Tables.Schema+" CASCADE")
+		case "mysql":
+			n := tg.names
+			drop := append([]string{n.Outbox, n.DeadLetters, n.Migrations, n.ClaimLock, n.Inbox}, tg.tables...)
+			for _, table := range drop {
+				_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table)
+			}
+		}
+		db.Close()
+	})
+	return tg
+}
+
+// Table returns the qualified name of a business table of this test (created by the test,
+// dropped with the outbox).
+func (tg *Target) Table(name string) string {
+	switch tg.Dialect {
+	case "postgres":
+		return tg.Tables.Schema + "." + name
+	case "mysql":
+		table := tg.Tables.Outbox + "_" + name
+		tg.tables = append(tg.tables, "`"+table+"`")
+		return table
+	}
+	return name
+}
+
+// OutboxTable is the qualified, quoted outbox table.
+func (tg *Target) OutboxTable() string { return tg.names.Outbox }
+
+// MigrationsTable is the qualified, quoted table of applied migrations.
+func (tg *Target) MigrationsTable() string { return tg.names.Migrations }
+
+// Pending counts the outbox's rows.
+func (tg *Target) Pending(ctx context.Context) (int, error) {
+	var n int
+	err := tg.DB.QueryRowContext(ctx, "SELECT count(*) FROM "+tg.names.Outbox).Scan(&n)
+	return n, err
+}
+
+// DeadLetters reads the dead-letter table.
+func (tg *Target) DeadLetters(ctx context.Context) ([]outboxtest.DeadLetterRow, error) {
+	rows, err := tg.DB.QueryContext(ctx, "SELECT event_id, stage, reason, attempts FROM "+tg.names.DeadLetters+" ORDER BY id")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []outboxtest.DeadLetterRow
+	for rows.Next() {
+		var (
+			r  outboxtest.DeadLetterRow
+			id string
+		)
+		if err := rows.Scan(&id, &r.Stage, &r.Reason, &r.Attempts); err != nil {
+			return nil, err
+		}
+		if r.EventID, err = uuid.Parse(id); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Fixture is the conformance suite's fixture over store, with publish writing through the
+// adapter under test.
+func (tg *Target) Fixture(store outbox.Store, publish func(ctx context.Context, commit bool, events ...outbox.Encodable) error) *outboxtest.StoreFixture {
+	return &outboxtest.StoreFixture{
+		Store:       store,
+		Publish:     publish,
+		Pending:     tg.Pending,
+		DeadLetters: tg.DeadLetters,
+		SingleRelay: tg.Dialect == "sqlite",
+	}
+}
+
+// ErrRollback is what fixtures' Publish functions return from a transaction to roll it back.
+var ErrRollback = rollback{}
+
+type rollback struct{}
+
+func (rollback) Error() string { return "rolled back on purpose" }
+
+// Variant is one way of running a producer transaction, for [CompareProducers].
+type Variant struct {
+	Name string
+	Tx   func(ctx context.Context) error
+}
+
+// CompareProducers measures variants side by side: rounds rounds, each running every
+// variant in turn for round from clients goroutines, so neighbours' load and the table's
+// growth hit all variants alike. It reports each variant's wall time per transaction
+// ("<name>_ns/op", all clients together) and the last variant's throughput relative to each
+// other one ("<last>/<other>"). It ignores b.N: run it with -benchtime 1x.
+func CompareProducers(b *testing.B, clients int, round time.Duration, rounds int, variants ...Variant) {
+	b.Helper()
+	ctx := context.Background()
+	ops := make([]int64, len(variants))
+	spent := make([]time.Duration, len(variants))
+	for range rounds {
+		for i, v := range variants {
+			var n atomic.Int64
+			var wg sync.WaitGroup
+			start := time.Now()
+			deadline := start.Add(round)
+			for range clients {
+				wg.Go(func() {
+					for time.Now().Before(deadline) {
+						if err := v.Tx(ctx); err != nil {
+							b.Errorf("%s: %v", v.Name, err)
+							return
+						}
+						n.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			ops[i] += n.Load()
+			spent[i] += time.Since(start)
+		}
+	}
+	nsPerOp := make([]float64, len(variants))
+	for i, v := range variants {
+		nsPerOp[i] = float64(spent[i].Nanoseconds()) / float64(max(ops[i], 1))
+		b.ReportMetric(nsPerOp[i], v.Name+"_ns/op")
+	}
+	last := len(variants) - 1
+	for i := range last {
+		b.ReportMetric(nsPerOp[i]/nsPerOp[last], variants[last].Name+"/"+variants[i].Name)
+	}
+}

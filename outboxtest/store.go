@@ -1,0 +1,511 @@
+package outboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/txoutbox/outbox"
+	outboxmem "github.com/txoutbox/outbox/transports/memory"
+)
+
+// StoreFixture is one fresh, empty outbox of the adapter under test.
+type StoreFixture struct {
+	// Store is the relay's store over the outbox.
+	Store outbox.Store
+	// Publish writes events through the adapter's Publish in one transaction of the
+	// adapter's own kind, then commits it, or rolls it back when commit is false. It returns
+	// Publish's error (after rolling back).
+	Publish func(ctx context.Context, commit bool, events ...outbox.Encodable) error
+	// Pending counts the messages in the outbox table.
+	Pending func(ctx context.Context) (int, error)
+	// DeadLetters reads the dead-letter table.
+	DeadLetters func(ctx context.Context) ([]DeadLetterRow, error)
+	// SingleRelay says the database supports one relay at a time (SQLite); multi-relay
+	// tests then run one.
+	SingleRelay bool
+}
+
+// DeadLetterRow is what the suite checks of a dead letter.
+type DeadLetterRow struct {
+	EventID  uuid.UUID
+	Stage    string
+	Reason   string
+	Attempts int
+}
+
+// Note is the payload the suite publishes.
+type Note struct {
+	Text string `json:"text"`
+	N    int    `json:"n"`
+}
+
+// EventType implements outbox.Payload.
+func (Note) EventType() string { return "outboxtest.note" }
+
+// Poison is a payload type whose sends the suite makes fail.
+type Poison struct{ N int }
+
+// EventType implements outbox.Payload.
+func (Poison) EventType() string { return "outboxtest.poison" }
+
+type unencodable struct{ C chan int }
+
+func (unencodable) EventType() string { return "outboxtest.unencodable" }
+
+// fastRelay is a relay config for tests: quick retries, short polls.
+func fastRelay(name string, maxAttempts int) *outbox.RelayConfig {
+	return &outbox.RelayConfig{
+		Name:            name,
+		BatchSize:       50,
+		MaxAttempts:     maxAttempts,
+		Lease:           2 * time.Second,
+		SendTimeout:     time.Second,
+		MinPollInterval: time.Millisecond,
+		MaxPollInterval: 20 * time.Millisecond,
+		RetryBackoff:    time.Millisecond,
+		MaxRetryBackoff: 5 * time.Millisecond,
+	}
+}
+
+// ExerciseStore runs the relay-store conformance suite. newFixture is called once per
+// subtest and must return an empty outbox.
+func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
+	t.Helper()
+	ctx := context.Background()
+
+	t.Run("CommitIsDelivered", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		events := []outbox.Event[Note]{
+			outbox.New(Note{"a", 1}, outbox.WithKey("k1"), outbox.WithHeader("tenant", "acme")),
+			outbox.New(Note{"b", 2}),
+		}
+		mustPublish(t, f, true, encodables(events)...)
+		q := outboxmem.New(nil)
+		drain(t, f.Store, q, 2)
+		sent := q.Sent()
+		for i, e := range events {
+			want, _ := e.Encode()
+			if err := SameMessage(sent[i], want); err != nil {
+				t.Error(err)
+			}
+		}
+		expectPending(t, f, 0)
+	})
+
+	t.Run("RollbackIsNeverDelivered", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		rolled := outbox.New(Note{Text: "rolled back"})
+		mustPublish(t, f, false, rolled)
+		kept := outbox.New(Note{Text: "committed"})
+		mustPublish(t, f, true, kept)
+		q := outboxmem.New(nil)
+		drain(t, f.Store, q, 1)
+		for _, m := range q.Sent() {
+			if m.ID == rolled.ID {
+				t.Fatal("a rolled-back event was delivered")
+			}
+		}
+		expectPending(t, f, 0)
+	})
+
+	t.Run("ManyEventsInOneTransaction", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		var events []outbox.Encodable
+		want := map[uuid.UUID]bool{}
+		for i := range 250 {
+			e := outbox.New(Note{N: i})
+			events = append(events, e)
+			want[e.ID] = true
+		}
+		mustPublish(t, f, true, events...)
+		q := outboxmem.New(nil)
+		drain(t, f.Store, q, len(events))
+		for _, m := range q.Sent() {
+			delete(want, m.ID)
+		}
+		if len(want) > 0 {
+			t.Fatalf("%d events not delivered", len(want))
+		}
+	})
+
+	t.Run("UnencodablePayloadFailsPublish", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		err := f.Publish(ctx, true, outbox.New(Note{Text: "fine"}), outbox.New(unencodable{C: make(chan int)}))
+		var ee *outbox.EncodeError
+		if !errors.As(err, &ee) {
+			t.Fatalf("Publish error = %v, want an *outbox.EncodeError", err)
+		}
+		expectPending(t, f, 0)
+	})
+
+	t.Run("PerKeyOrderUnderRetriesWithThreeRelays", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		const keys, perKey = 5, 20
+		var events []outbox.Encodable
+		for i := range perKey {
+			for k := range keys {
+				events = append(events, outbox.New(Note{N: i}, outbox.WithKey(fmt.Sprintf("key-%d", k))))
+			}
+		}
+		mustPublish(t, f, true, events...)
+		var mu sync.Mutex
+		calls := 0
+		q := outboxmem.New(&outboxmem.Config{SendHook: func(m outbox.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			if calls%3 == 0 { // a flaky broker: every third send fails
+				return errors.New("broker hiccup")
+			}
+			return nil
+		}})
+		relays := 3
+		if f.SingleRelay {
+			relays = 1
+		}
+		// Small batches and retries slow enough that other relays claim meanwhile: a store
+		// that let a key's later event overtake one waiting for its retry would show here.
+		cfg := fastRelay("order", 1000)
+		cfg.BatchSize, cfg.RetryBackoff, cfg.MaxRetryBackoff = 7, 20*time.Millisecond, 20*time.Millisecond
+		RunRelays(t, f.Store, q, relays, cfg, func() bool { return len(q.Sent()) >= len(events) })
+		CheckPerKeyOrder(t, events, q.Sent())
+		expectPending(t, f, 0)
+	})
+
+	t.Run("FailingKeyBlocksOnlyItself", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		stuck1 := outbox.New(Poison{1}, outbox.WithKey("stuck"))
+		stuck2 := outbox.New(Note{N: 2}, outbox.WithKey("stuck"))
+		other := outbox.New(Note{N: 3}, outbox.WithKey("other"))
+		free := outbox.New(Note{N: 4})
+		mustPublish(t, f, true, stuck1, stuck2, other, free)
+		q := outboxmem.New(&outboxmem.Config{SendHook: failType(Poison{}.EventType())})
+		cfg := fastRelay("blocking", 10)
+		cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Hour, time.Hour
+		r := newRelay(t, f.Store, q, cfg)
+		for range 3 {
+			if _, err := r.RunOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := ids(q.Sent())
+		if !got[other.ID] || !got[free.ID] {
+			t.Fatal("other keys' events were held up by a failing key")
+		}
+		if got[stuck2.ID] {
+			t.Fatal("an event was delivered before an earlier event of its key")
+		}
+		expectPending(t, f, 2)
+	})
+
+	t.Run("CrashBetweenSendAndDeleteResends", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		e := outbox.New(Note{Text: "once at least"})
+		mustPublish(t, f, true, e)
+		q := outboxmem.New(nil)
+		// A relay claims and sends, then dies before writing back.
+		claimed, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: 300 * time.Millisecond})
+		if err != nil || len(claimed) != 1 {
+			t.Fatalf("claim: %d rows, %v", len(claimed), err)
+		}
+		if err := q.Send(ctx, []outbox.Message{claimed[0].Message}); err != nil {
+			t.Fatal(err)
+		}
+		// Another relay takes over once the lease expires and sends it again.
+		r := newRelay(t, f.Store, q, fastRelay("successor", 10))
+		waitFor(t, 10*time.Second, "the successor to re-send the event", func() bool {
+			n, err := r.RunOnce(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n == 1
+		})
+		sent := q.Sent()
+		if len(sent) != 2 || sent[0].ID != e.ID || sent[1].ID != e.ID {
+			t.Fatalf("want the event sent twice (one duplicate), got %d sends", len(sent))
+		}
+		// The crashed relay's late write-back must not touch the successor's work.
+		if err := f.Store.Complete(ctx, 1, []int64{claimed[0].Seq}); err != nil {
+			t.Fatal(err)
+		}
+		expectPending(t, f, 0)
+	})
+
+	t.Run("ExpiredLeaseIsReclaimedAndFenced", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		mustPublish(t, f, true, outbox.New(Note{Text: "leased"}))
+		first, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 11, Limit: 10, Lease: 300 * time.Millisecond})
+		if err != nil || len(first) != 1 || first[0].Attempts != 1 {
+			t.Fatalf("first claim: %+v, %v", first, err)
+		}
+		again, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 22, Limit: 10, Lease: time.Minute})
+		if err != nil || len(again) != 0 {
+			t.Fatalf("a leased message was claimed twice: %d rows, %v", len(again), err)
+		}
+		var second []outbox.Claimed
+		waitFor(t, 10*time.Second, "the expired lease to be reclaimed", func() bool {
+			second, err = f.Store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 22, Limit: 10, Lease: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(second) == 1
+		})
+		if second[0].Attempts != 2 {
+			t.Fatalf("reclaimed message has Attempts %d, want 2", second[0].Attempts)
+		}
+		// The first owner's stale write-backs change nothing.
+		seq := first[0].Seq
+		if err := f.Store.Retry(ctx, 11, []outbox.Retry{{Seq: seq, Delay: time.Hour, Error: "stale"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Store.Release(ctx, 11, []int64{seq}); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Store.DeadLetter(ctx, 11, []outbox.DeadLetter{{Seq: seq, Reason: "stale"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Store.Complete(ctx, 11, []int64{seq}); err != nil {
+			t.Fatal(err)
+		}
+		expectPending(t, f, 1)
+		if dl := deadLetters(t, f); len(dl) != 0 {
+			t.Fatalf("a stale owner dead-lettered a message: %+v", dl)
+		}
+		if err := f.Store.Complete(ctx, 22, []int64{seq}); err != nil {
+			t.Fatal(err)
+		}
+		expectPending(t, f, 0)
+	})
+
+	t.Run("LostLeasesEndInTheDeadLetters", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		e := outbox.New(Note{Text: "crashes the relay"})
+		mustPublish(t, f, true, e)
+		// Two relays in a row die while sending it: their leases expire with no write-back.
+		for token := int64(1); token <= 2; token++ {
+			waitFor(t, 10*time.Second, "the message to be claimable", func() bool {
+				c, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "doomed", Token: token, Limit: 1, Lease: 200 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return len(c) == 1
+			})
+		}
+		q := outboxmem.New(nil)
+		r := newRelay(t, f.Store, q, fastRelay("survivor", 2))
+		waitFor(t, 10*time.Second, "the message to be dead-lettered", func() bool {
+			if _, err := r.RunOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return len(deadLetters(t, f)) == 1
+		})
+		dl := deadLetters(t, f)[0]
+		if dl.EventID != e.ID || dl.Attempts != 3 || !strings.Contains(dl.Reason, "claimed 2 times without an outcome") {
+			t.Fatalf("dead letter %+v", dl)
+		}
+		if len(q.Sent()) != 0 {
+			t.Fatal("a message over MaxAttempts was sent again")
+		}
+	})
+
+	t.Run("ReleaseGivesBackWithoutCountingAnAttempt", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		mustPublish(t, f, true, outbox.New(Note{N: 1}, outbox.WithKey("k")), outbox.New(Note{N: 2}, outbox.WithKey("k")))
+		c, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 5, Limit: 10, Lease: time.Minute})
+		if err != nil || len(c) != 2 {
+			t.Fatalf("claim: %d rows, %v", len(c), err)
+		}
+		if err := f.Store.Release(ctx, 5, []int64{c[0].Seq, c[1].Seq}); err != nil {
+			t.Fatal(err)
+		}
+		c2, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 6, Limit: 10, Lease: time.Minute})
+		if err != nil || len(c2) != 2 || c2[0].Attempts != 1 || c2[0].Seq != c[0].Seq {
+			t.Fatalf("after release: %+v, %v", c2, err)
+		}
+	})
+
+	t.Run("PoisonIsDeadLetteredAfterMaxAttempts", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		poison := outbox.New(Poison{1}, outbox.WithKey("p"))
+		after := outbox.New(Note{N: 2}, outbox.WithKey("p"))
+		good := outbox.New(Note{N: 3})
+		mustPublish(t, f, true, poison, after, good)
+		q := outboxmem.New(&outboxmem.Config{SendHook: failType(Poison{}.EventType())})
+		RunRelays(t, f.Store, q, 1, fastRelay("poison", 3), func() bool { return len(q.Sent()) == 2 })
+		dl := deadLetters(t, f)
+		if len(dl) != 1 || dl[0].EventID != poison.ID || dl[0].Attempts != 3 || dl[0].Stage != "relay" ||
+			!strings.Contains(dl[0].Reason, "poisoned") {
+			t.Fatalf("dead letters: %+v, want the poison event after 3 attempts with its error", dl)
+		}
+		if got := ids(q.Sent()); !got[good.ID] || !got[after.ID] {
+			t.Fatal("the events around the poison one were not delivered")
+		}
+		expectPending(t, f, 0)
+	})
+
+	t.Run("PermanentErrorIsDeadLetteredAtOnce", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		big := outbox.New(Note{Text: strings.Repeat("x", 2048)})
+		small := outbox.New(Note{Text: "fits"})
+		mustPublish(t, f, true, big, small)
+		q := outboxmem.New(&outboxmem.Config{MaxMessageBytes: 1024})
+		RunRelays(t, f.Store, q, 1, fastRelay("limit", 10), func() bool { return len(deadLetters(t, f)) == 1 && len(q.Sent()) == 1 })
+		dl := deadLetters(t, f)
+		if dl[0].EventID != big.ID || dl[0].Attempts != 1 || !strings.Contains(dl[0].Reason, "over the limit of 1024") {
+			t.Fatalf("dead letter %+v, want the oversize event after 1 attempt naming the limit", dl[0])
+		}
+	})
+}
+
+// RunRelays runs n relays over store until done reports true (checked every few
+// milliseconds, up to 30s), then stops them and waits for them to return.
+func RunRelays(t testing.TB, store outbox.Store, sender outbox.Sender, n int, cfg *outbox.RelayConfig, done func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		c := *cfg
+		c.Name = fmt.Sprintf("%s-%d", cfg.Name, i)
+		r := newRelay(t, store, sender, &c)
+		wg.Go(func() { errs <- r.Run(ctx) })
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Errorf("relay returned %v", err)
+			}
+		}
+	}()
+	waitFor(t, 30*time.Second, "the relays to deliver", done)
+}
+
+// CheckPerKeyOrder fails the test unless, for every key, the first delivery of each event
+// follows the order in which events were published.
+func CheckPerKeyOrder(t testing.TB, published []outbox.Encodable, delivered []outbox.Message) {
+	t.Helper()
+	pos := map[uuid.UUID]int{}
+	for i, e := range published {
+		m, _ := e.Encode()
+		pos[m.ID] = i
+	}
+	last := map[string]int{}
+	seen := map[uuid.UUID]bool{}
+	for _, m := range delivered {
+		if m.Key == "" || seen[m.ID] {
+			continue
+		}
+		seen[m.ID] = true
+		if p, ok := last[m.Key]; ok && pos[m.ID] < p {
+			t.Fatalf("key %s: event %s (published %d) delivered after one published %d", m.Key, m.ID, pos[m.ID], p)
+		}
+		last[m.Key] = pos[m.ID]
+	}
+}
+
+func newRelay(t testing.TB, store outbox.Store, sender outbox.Sender, cfg *outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	r, err := outbox.NewRelay(store, sender, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// drain runs one relay until want messages were sent.
+func drain(t testing.TB, store outbox.Store, q *outboxmem.Queue, want int) {
+	t.Helper()
+	r := newRelay(t, store, q, fastRelay("drain", 10))
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d messages to be delivered", want), func() bool {
+		if _, err := r.RunOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return len(q.Sent()) >= want
+	})
+}
+
+func failType(typ string) func(outbox.Message) error {
+	return func(m outbox.Message) error {
+		if m.Type == typ {
+			return errors.New("poisoned: the broker rejects this event")
+		}
+		return nil
+	}
+}
+
+func mustPublish(t testing.TB, f *StoreFixture, commit bool, events ...outbox.Encodable) {
+	t.Helper()
+	if err := f.Publish(context.Background(), commit, events...); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+}
+
+func expectPending(t testing.TB, f *StoreFixture, want int) {
+	t.Helper()
+	n, err := f.Pending(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != want {
+		t.Fatalf("%d messages left in the outbox, want %d", n, want)
+	}
+}
+
+func deadLetters(t testing.TB, f *StoreFixture) []DeadLetterRow {
+	t.Helper()
+	dl, err := f.DeadLetters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dl
+}
+
+func encodables[T outbox.Payload](events []outbox.Event[T]) []outbox.Encodable {
+	out := make([]outbox.Encodable, len(events))
+	for i, e := range events {
+		out[i] = e
+	}
+	return out
+}
+
+func ids(msgs []outbox.Message) map[uuid.UUID]bool {
+	out := map[uuid.UUID]bool{}
+	for _, m := range msgs {
+		out[m.ID] = true
+	}
+	return out
+}
+
+// waitFor polls cond every few milliseconds until it holds, failing after timeout.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,326 @@
+package outboxtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/txoutbox/outbox"
+)
+
+// TransportFixture is one fresh, empty destination (queue, stream…) of the transport under
+// test.
+type TransportFixture struct {
+	Sender   outbox.Sender
+	Receiver outbox.Receiver
+	Features outbox.TransportFeatures
+	// SendRaw, when set, puts a body on the destination bypassing the wire format, to check
+	// that a malformed message reaches the consumer as an outbox.ErrMalformed delivery.
+	SendRaw func(ctx context.Context, body []byte) error
+	// Timeout bounds each wait for a message. Default 10s.
+	Timeout time.Duration
+}
+
+// ExerciseTransport runs the transport conformance suite. newFixture is called once per
+// subtest and must return an empty destination.
+func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFixture) {
+	t.Helper()
+	fixture := func(t *testing.T) *TransportFixture {
+		f := newFixture(t)
+		if f.Timeout == 0 {
+			f.Timeout = 10 * time.Second
+		}
+		return f
+	}
+
+	t.Run("RoundTrip", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		want := []outbox.Message{
+			testMessage("k1", `{"n":1}`),
+			testMessage("", `{"n":2}`),
+			testMessage("k2", `{"n":3}`),
+		}
+		want[0].Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "X-Tenant": "acme"}
+		mustSend(t, f, want...)
+		// Ack each message as it arrives: a FIFO transport may hand out one at a time.
+		got := map[uuid.UUID]outbox.Message{}
+		attempts := map[uuid.UUID]int{}
+		ReceiveEach(t, f.Receiver, len(want), f.Timeout, func(d outbox.Delivery) {
+			m, err := d.Message()
+			if err != nil {
+				t.Fatalf("Message(): %v", err)
+			}
+			got[m.ID], attempts[m.ID] = m, d.Attempt()
+			if err := d.Ack(context.Background()); err != nil {
+				t.Fatalf("Ack: %v", err)
+			}
+		})
+		for _, w := range want {
+			m, ok := got[w.ID]
+			if !ok {
+				t.Fatalf("message %s not received", w.ID)
+			}
+			if err := SameMessage(m, w); err != nil {
+				t.Error(err)
+			}
+			if attempts[w.ID] != 1 {
+				t.Errorf("first delivery of %s has Attempt %d, want 1", w.ID, attempts[w.ID])
+			}
+		}
+		ExpectNone(t, f.Receiver, 500*time.Millisecond)
+	})
+
+	t.Run("NackRedelivers", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		m := testMessage("", `{"n":1}`)
+		mustSend(t, f, m)
+		d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+		if err := d.Nack(context.Background(), 0); err != nil {
+			t.Fatalf("Nack: %v", err)
+		}
+		again := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+		got, _ := again.Message()
+		if got.ID != m.ID || again.Attempt() != 2 {
+			t.Fatalf("redelivery: id %s attempt %d, want %s attempt 2", got.ID, again.Attempt(), m.ID)
+		}
+		if err := again.Ack(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("Batch", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		var msgs []outbox.Message
+		for i := range 25 {
+			msgs = append(msgs, testMessage("", fmt.Sprintf(`{"n":%d}`, i)))
+		}
+		mustSend(t, f, msgs...)
+		seen := map[uuid.UUID]bool{}
+		ReceiveEach(t, f.Receiver, len(msgs), f.Timeout, func(d outbox.Delivery) {
+			m, _ := d.Message()
+			seen[m.ID] = true
+			_ = d.Ack(context.Background())
+		})
+		for _, m := range msgs {
+			if !seen[m.ID] {
+				t.Errorf("message %s of the batch was not received", m.ID)
+			}
+		}
+	})
+
+	t.Run("FIFO", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		if !f.Features.FIFO {
+			t.Skip("transport does not promise per-key order (Features.FIFO is false)")
+		}
+		var sent []outbox.Message
+		for i := range 6 {
+			m := testMessage("order-"+fmt.Sprint(i%2), fmt.Sprintf(`{"n":%d}`, i))
+			sent = append(sent, m)
+			mustSend(t, f, m) // one call each: the relay sends a key's messages in sequence
+		}
+		next := map[string]int{}
+		for range sent {
+			d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+			m, _ := d.Message()
+			var idx []int
+			for i, s := range sent {
+				if s.Key == m.Key {
+					idx = append(idx, i)
+				}
+			}
+			if want := sent[idx[next[m.Key]]]; want.ID != m.ID {
+				t.Fatalf("key %s: got %s, want %s (out of order)", m.Key, m.Body, want.Body)
+			}
+			next[m.Key]++
+			if err := d.Ack(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	t.Run("Dedup", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		if !f.Features.Dedup {
+			t.Skip("transport does not dedup by ID (Features.Dedup is false)")
+		}
+		m := testMessage("k", `{"n":1}`)
+		mustSend(t, f, m)
+		mustSend(t, f, m) // a relay re-sending after a crash between send and delete
+		d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		ExpectNone(t, f.Receiver, time.Second)
+	})
+
+	t.Run("Delay", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		if !f.Features.Delay {
+			t.Skip("transport does not delay redelivery (Features.Delay is false)")
+		}
+		mustSend(t, f, testMessage("", `{"n":1}`))
+		d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+		start := time.Now()
+		if err := d.Nack(context.Background(), 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		ExpectNone(t, f.Receiver, time.Second)
+		again := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+		if waited := time.Since(start); waited < time.Second {
+			t.Fatalf("redelivered after %v, before the 2s delay", waited)
+		}
+		_ = again.Ack(context.Background())
+	})
+
+	t.Run("TooLarge", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		if f.Features.MaxMessageBytes == 0 {
+			t.Skip("transport states no size limit")
+		}
+		big := testMessage("", "")
+		big.ContentType = "application/octet-stream"
+		big.Body = bytes.Repeat([]byte{'x'}, f.Features.MaxMessageBytes+1)
+		ok := testMessage("", `{"n":1}`)
+		err := f.Sender.Send(context.Background(), []outbox.Message{big, ok})
+		var be *outbox.BatchError
+		if !errors.As(err, &be) || len(be.Failed) != 1 || be.Failed[0] == nil {
+			t.Fatalf("Send = %v, want a BatchError failing only message 0", err)
+		}
+		if !errors.Is(be.Failed[0], outbox.ErrTooLarge) || !outbox.IsPermanent(be.Failed[0]) {
+			t.Fatalf("oversize error %v does not wrap outbox.ErrTooLarge", be.Failed[0])
+		}
+		d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+		if m, _ := d.Message(); m.ID != ok.ID {
+			t.Fatalf("received %s, want the valid message %s", m.ID, ok.ID)
+		}
+		_ = d.Ack(context.Background())
+	})
+
+	t.Run("Malformed", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		if f.SendRaw == nil {
+			t.Skip("fixture has no SendRaw")
+		}
+		if err := f.SendRaw(context.Background(), []byte("this is not a CloudEvent")); err != nil {
+			t.Fatal(err)
+		}
+		d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+		if _, err := d.Message(); !errors.Is(err, outbox.ErrMalformed) {
+			t.Fatalf("Message() error = %v, want outbox.ErrMalformed", err)
+		}
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func mustSend(t *testing.T, f *TransportFixture, msgs ...outbox.Message) {
+	t.Helper()
+	if err := f.Sender.Send(context.Background(), msgs); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+}
+
+func testMessage(key, body string) outbox.Message {
+	return outbox.Message{
+		ID:          uuid.Must(uuid.NewV7()),
+		Type:        "outboxtest.event",
+		Key:         key,
+		ContentType: "application/json",
+		Body:        []byte(body),
+		CreatedAt:   time.Now().UTC().Truncate(time.Microsecond),
+	}
+}
+
+// SameMessage reports how got differs from want (nil if it does not): every field, with
+// times compared to the microsecond (what databases keep).
+func SameMessage(got, want outbox.Message) error {
+	var errs []error
+	if got.ID != want.ID {
+		errs = append(errs, fmt.Errorf("ID %s, want %s", got.ID, want.ID))
+	}
+	if got.Type != want.Type || got.Key != want.Key || got.ContentType != want.ContentType {
+		errs = append(errs, fmt.Errorf("type/key/content-type %q/%q/%q, want %q/%q/%q", got.Type, got.Key, got.ContentType, want.Type, want.Key, want.ContentType))
+	}
+	if !bytes.Equal(got.Body, want.Body) {
+		errs = append(errs, fmt.Errorf("body %q, want %q", got.Body, want.Body))
+	}
+	for k, v := range want.Headers {
+		if got.Headers[k] != v {
+			errs = append(errs, fmt.Errorf("header %q = %q, want %q", k, got.Headers[k], v))
+		}
+	}
+	if !got.CreatedAt.Truncate(time.Microsecond).Equal(want.CreatedAt.Truncate(time.Microsecond)) {
+		errs = append(errs, fmt.Errorf("CreatedAt %v, want %v", got.CreatedAt, want.CreatedAt))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("message %s: %w", want.ID, err)
+	}
+	return nil
+}
+
+// ReceiveN receives until it has n deliveries, failing the test if timeout passes first.
+func ReceiveN(t testing.TB, r outbox.Receiver, n int, timeout time.Duration) []outbox.Delivery {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out []outbox.Delivery
+	for len(out) < n {
+		ds, err := r.Receive(ctx, n-len(out))
+		if err != nil {
+			t.Fatalf("received %d of %d messages, then: %v", len(out), n, err)
+		}
+		out = append(out, ds...)
+	}
+	return out
+}
+
+// ReceiveEach receives n deliveries and hands each to fn as soon as it arrives (fn normally
+// acks it), so it also works with transports that hand out one unacknowledged message at a
+// time. It fails the test if timeout passes first.
+func ReceiveEach(t testing.TB, r outbox.Receiver, n int, timeout time.Duration, fn func(outbox.Delivery)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for got := 0; got < n; {
+		ds, err := r.Receive(ctx, n-got)
+		if err != nil {
+			t.Fatalf("received %d of %d messages, then: %v", got, n, err)
+		}
+		for _, d := range ds {
+			fn(d)
+		}
+		got += len(ds)
+	}
+}
+
+// ExpectNone fails the test if a message arrives within wait.
+func ExpectNone(t testing.TB, r outbox.Receiver, wait time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	for {
+		ds, err := r.Receive(ctx, 10)
+		if len(ds) > 0 {
+			m, _ := ds[0].Message()
+			t.Fatalf("expected no message, received %s (attempt %d)", m.ID, ds[0].Attempt())
+		}
+		if err != nil || ctx.Err() != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,409 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// RelayConfig configures a [Relay]. The zero value (or nil) means the defaults below.
+type RelayConfig struct {
+	// Name identifies this relay in leases and logs. Default: host name, process ID and a
+	// random suffix.
+	Name string
+	// BatchSize is how many messages one claim leases. Default 500.
+	BatchSize int
+	// MaxAttempts is how many delivery attempts a message gets before it is dead-lettered.
+	// Default 10.
+	MaxAttempts int
+	// Lease is how long a claim stays with this relay; a relay that dies is replaced by
+	// another once its leases expire. Default 30s.
+	Lease time.Duration
+	// SendTimeout bounds one call to the Sender. It must be at most half of Lease, so a send
+	// never outlives its lease. Default Lease/3.
+	SendTimeout time.Duration
+	// MinPollInterval is the wait after a claim that drained the outbox. Each empty claim
+	// doubles the wait up to MaxPollInterval; any delivered message resets it. Defaults 1ms
+	// and 100ms: millisecond latency while events flow, a handful of cheap indexed queries
+	// per second while idle. [Relay.Wake] cuts any wait short.
+	MinPollInterval time.Duration
+	MaxPollInterval time.Duration
+	// RetryBackoff is the delay before the second attempt; each attempt doubles it, with
+	// jitter, up to MaxRetryBackoff. Defaults 1s and 5m.
+	RetryBackoff    time.Duration
+	MaxRetryBackoff time.Duration
+	// Concurrency is how many claim → send → write-back loops run at once. With 2, one
+	// loop's sends and write-backs overlap the other's claim. Default 2.
+	Concurrency int
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
+func (c *RelayConfig) WithDefaults() *RelayConfig {
+	out := RelayConfig{}
+	if c != nil {
+		out = *c
+	}
+	if out.Name == "" {
+		host, _ := os.Hostname()
+		out.Name = fmt.Sprintf("%s:%d:%04x", host, os.Getpid(), rand.IntN(1<<16))
+	}
+	setDefault(&out.BatchSize, 500)
+	setDefault(&out.MaxAttempts, 10)
+	setDefault(&out.Lease, 30*time.Second)
+	setDefault(&out.SendTimeout, out.Lease/3)
+	setDefault(&out.MinPollInterval, time.Millisecond)
+	setDefault(&out.MaxPollInterval, 100*time.Millisecond)
+	setDefault(&out.RetryBackoff, time.Second)
+	setDefault(&out.MaxRetryBackoff, 5*time.Minute)
+	setDefault(&out.Concurrency, 2)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+func setDefault[T comparable](field *T, def T) {
+	var zero T
+	if *field == zero {
+		*field = def
+	}
+}
+
+func (c *RelayConfig) validate() error {
+	var errs []error
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		errs = append(errs, fmt.Errorf("BatchSize %d is outside 1..10000", c.BatchSize))
+	}
+	if c.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("MaxAttempts %d is below 1", c.MaxAttempts))
+	}
+	if c.Lease < time.Second {
+		errs = append(errs, fmt.Errorf("Lease %v is under 1s", c.Lease))
+	}
+	if c.SendTimeout <= 0 || c.SendTimeout > c.Lease/2 {
+		errs = append(errs, fmt.Errorf("SendTimeout %v must be positive and at most half of Lease (%v)", c.SendTimeout, c.Lease))
+	}
+	if c.MinPollInterval <= 0 || c.MaxPollInterval < c.MinPollInterval {
+		errs = append(errs, fmt.Errorf("poll intervals must satisfy 0 < MinPollInterval (%v) <= MaxPollInterval (%v)", c.MinPollInterval, c.MaxPollInterval))
+	}
+	if c.RetryBackoff <= 0 || c.MaxRetryBackoff < c.RetryBackoff {
+		errs = append(errs, fmt.Errorf("backoffs must satisfy 0 < RetryBackoff (%v) <= MaxRetryBackoff (%v)", c.RetryBackoff, c.MaxRetryBackoff))
+	}
+	if c.Concurrency < 1 || c.Concurrency > 64 {
+		errs = append(errs, fmt.Errorf("Concurrency %d is outside 1..64", c.Concurrency))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("outbox: invalid RelayConfig: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// Relay delivers committed outbox messages to a [Sender]. Run any number of relays against
+// one outbox: claims are leased, so each message is sent by one relay at a time, and
+// messages with the same key are sent in order.
+type Relay struct {
+	store   Store
+	sender  Sender
+	cfg     *RelayConfig
+	wake    chan struct{}
+	running atomic.Bool
+	tracer  trace.Tracer
+}
+
+// NewRelay returns a relay that moves messages from store to sender.
+func NewRelay(store Store, sender Sender, cfg *RelayConfig) (*Relay, error) {
+	c := cfg.WithDefaults()
+	var errs []error
+	if store == nil {
+		errs = append(errs, errors.New("outbox: NewRelay needs a Store"))
+	}
+	if sender == nil {
+		errs = append(errs, errors.New("outbox: NewRelay needs a Sender"))
+	}
+	if err := c.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return &Relay{store: store, sender: sender, cfg: c, wake: make(chan struct{}, 1),
+		tracer: otel.Tracer("github.com/txoutbox/outbox")}, nil
+}
+
+// Wake makes a waiting relay claim now instead of at its next poll. Call it after committing
+// a transaction that published events when the relay runs in the same process; it never
+// blocks.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run delivers messages until ctx ends, then returns nil once the batch in flight is sent
+// (bounded by SendTimeout) and written back, or released. It returns an error only if the
+// relay is already running.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("outbox: Relay.Run called while the relay is running")
+	}
+	defer r.running.Store(false)
+
+	var wg sync.WaitGroup
+	for range r.cfg.Concurrency {
+		wg.Go(func() { r.loop(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// loop is one claim → send → write-back loop of Run, polling adaptively.
+func (r *Relay) loop(ctx context.Context) {
+	log := r.cfg.Logger.With("relay", r.cfg.Name)
+	interval := r.cfg.MinPollInterval
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	failures := 0
+	for ctx.Err() == nil {
+		n, err := r.RunOnce(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			failures++
+			interval = min(r.cfg.MaxPollInterval*time.Duration(failures), 5*time.Second)
+			log.Error("outbox relay: cycle failed", "err", err, "retry_in", interval)
+		case n == r.cfg.BatchSize:
+			failures = 0
+			continue // more may be waiting
+		case n > 0:
+			failures, interval = 0, r.cfg.MinPollInterval
+		default:
+			failures = 0
+			interval = min(interval*2, r.cfg.MaxPollInterval)
+		}
+		timer.Reset(interval)
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+			interval = r.cfg.MinPollInterval
+		case <-timer.C:
+			continue
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// RunOnce claims one batch, sends it and writes the outcome back. It returns how many
+// messages it claimed. Run calls it in a loop; tests and one-shot jobs may call it directly.
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	token := rand.Int64()
+	claimed, err := r.store.Claim(ctx, ClaimParams{
+		Owner: r.cfg.Name,
+		Token: token,
+		Limit: r.cfg.BatchSize,
+		Lease: r.cfg.Lease,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: claiming messages: %w", err)
+	}
+	if len(claimed) == 0 {
+		return 0, nil
+	}
+	// A message claimed more often than MaxAttempts lost its earlier leases without a
+	// write-back: its sends crashed or hung the relay. Dead-letter it instead of looping.
+	var out outcome
+	sendable := claimed[:0:0]
+	for _, c := range claimed {
+		if c.Attempts > r.cfg.MaxAttempts {
+			out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Reason: fmt.Sprintf(
+				"claimed %d times without an outcome (the relay crashed or timed out while sending it)", c.Attempts-1)})
+			continue
+		}
+		sendable = append(sendable, c)
+	}
+	r.send(ctx, sendable, &out)
+
+	// Write back even when ctx ended: the sends happened, and forgetting them only costs
+	// duplicates, but releasing promptly lets another relay continue.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SendTimeout)
+	defer cancel()
+	var errs []error
+	if len(out.done) > 0 {
+		errs = append(errs, r.store.Complete(wctx, token, out.done))
+	}
+	if len(out.retry) > 0 {
+		errs = append(errs, r.store.Retry(wctx, token, out.retry))
+	}
+	if len(out.dead) > 0 {
+		errs = append(errs, r.store.DeadLetter(wctx, token, out.dead))
+		for _, d := range out.dead {
+			r.cfg.Logger.Warn("outbox relay: message dead-lettered", "relay", r.cfg.Name, "seq", d.Seq, "reason", d.Reason)
+		}
+	}
+	if len(out.release) > 0 {
+		errs = append(errs, r.store.Release(wctx, token, out.release))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return len(claimed), fmt.Errorf("outbox: writing back a batch of %d: %w", len(claimed), err)
+	}
+	return len(claimed), nil
+}
+
+type outcome struct {
+	done, release []int64
+	retry         []Retry
+	dead          []DeadLetter
+}
+
+// send delivers a claim in waves: wave i holds the i-th message of every key (and, in wave
+// 0, every keyless message), so a Sender never sees two messages of one key at once, and a
+// key whose message failed sends nothing after it.
+func (r *Relay) send(ctx context.Context, claimed []Claimed, out *outcome) {
+	waves := splitWaves(claimed)
+	blocked := map[string]bool{}
+	for _, wave := range waves {
+		batch := wave[:0:0]
+		for _, c := range wave {
+			if c.Message.Key != "" && blocked[c.Message.Key] {
+				out.release = append(out.release, c.Seq)
+				continue
+			}
+			batch = append(batch, c)
+		}
+		if len(batch) == 0 {
+			continue
+		}
+		if ctx.Err() != nil { // shutting down: give the rest back untouched
+			for _, c := range batch {
+				out.release = append(out.release, c.Seq)
+			}
+			continue
+		}
+		failed := r.sendBatch(ctx, batch)
+		for i, c := range batch {
+			err, bad := failed[i]
+			if !bad {
+				out.done = append(out.done, c.Seq)
+				continue
+			}
+			if c.Message.Key != "" {
+				blocked[c.Message.Key] = true
+			}
+			if IsPermanent(err) || c.Attempts >= r.cfg.MaxAttempts {
+				reason := err.Error()
+				if !IsPermanent(err) {
+					reason = fmt.Sprintf("gave up after %d attempts: %v", c.Attempts, err)
+				}
+				out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Reason: reason})
+				continue
+			}
+			delay, ok := RetryDelay(err)
+			if !ok {
+				delay = Backoff(c.Attempts, r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
+			}
+			out.retry = append(out.retry, Retry{Seq: c.Seq, Delay: delay, Error: err.Error()})
+		}
+	}
+}
+
+// sendBatch calls the Sender and returns the failed indexes of batch.
+func (r *Relay) sendBatch(ctx context.Context, batch []Claimed) map[int]error {
+	msgs := make([]Message, len(batch))
+	for i, c := range batch {
+		msgs[i] = c.Message
+	}
+	// The send finishes even if ctx ends mid-way (bounded by SendTimeout): abandoning it
+	// would only turn a delivered message into a duplicate later.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SendTimeout)
+	defer cancel()
+	sctx, span := r.startSendSpan(sctx, msgs)
+	defer span.End()
+	err := r.sender.Send(sctx, msgs)
+	if err == nil {
+		return nil
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+	var be *BatchError
+	if errors.As(err, &be) {
+		return be.Failed
+	}
+	all := make(map[int]error, len(batch))
+	for i := range batch {
+		all[i] = err
+	}
+	return all
+}
+
+// startSendSpan starts the span of one send, linked to the spans that published its
+// messages (their trace context travels in the headers; the messages keep it for the
+// consumer, whose span continues the producer's trace).
+func (r *Relay) startSendSpan(ctx context.Context, msgs []Message) (context.Context, trace.Span) {
+	var links []trace.Link
+	prop := otel.GetTextMapPropagator()
+	for _, m := range msgs {
+		if _, ok := m.Headers["traceparent"]; !ok {
+			continue
+		}
+		sc := trace.SpanContextFromContext(prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
+		if sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return r.tracer.Start(ctx, "outbox relay send", trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...),
+		trace.WithAttributes(
+			attribute.String("messaging.operation.type", "send"),
+			attribute.Int("messaging.batch.message_count", len(msgs)),
+			attribute.String("outbox.relay", r.cfg.Name),
+		))
+}
+
+// splitWaves groups claimed messages (in outbox order) so that each wave holds at most one
+// message per key, in key order across waves.
+func splitWaves(claimed []Claimed) [][]Claimed {
+	var waves [][]Claimed
+	depth := map[string]int{}
+	for _, c := range claimed {
+		w := 0
+		if k := c.Message.Key; k != "" {
+			w = depth[k]
+			depth[k] = w + 1
+		}
+		if w == len(waves) {
+			waves = append(waves, nil)
+		}
+		waves[w] = append(waves[w], c)
+	}
+	return waves
+}
+
+// Backoff returns the delay before attempt+1: base doubled per attempt, capped at max, with
+// "equal jitter" (a random point in the upper half) so retries of one outage spread out.
+func Backoff(attempt int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	d = min(d, max)
+	half := d / 2
+	return half + time.Duration(rand.Int64N(int64(half)+1))
+}

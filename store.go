@@ -1,0 +1,70 @@
+package outbox
+
+import (
+	"context"
+	"time"
+)
+
+// Store is the relay's access to an outbox table. Adapters provide one
+// (outboxpgx.NewStore, outboxsql.NewStore…); its methods are the relay's contract, which the
+// conformance suite in outboxtest checks for every adapter. Applications do not call them.
+//
+// Every method but Claim takes the claim's token: a write for a row whose lease was taken
+// over by a newer claim changes nothing, so a relay whose lease expired cannot clobber
+// another relay's work.
+type Store interface {
+	// Claim leases up to Limit deliverable messages to the caller for Lease, stamping them
+	// with Token, and counts an attempt on each. A message is deliverable when it is due, not
+	// leased (or its lease expired) and no earlier message with the same key is leased or
+	// waiting for a retry. Messages come back in outbox order.
+	Claim(ctx context.Context, p ClaimParams) ([]Claimed, error)
+	// Complete removes delivered messages.
+	Complete(ctx context.Context, token int64, seqs []int64) error
+	// Retry releases messages for another attempt after their delay, recording the error.
+	Retry(ctx context.Context, token int64, retries []Retry) error
+	// DeadLetter moves messages to the dead-letter table with a reason.
+	DeadLetter(ctx context.Context, token int64, dead []DeadLetter) error
+	// Release gives messages back unsent, without counting the attempt (shutdown, or a key
+	// blocked by an earlier failure in the same claim).
+	Release(ctx context.Context, token int64, seqs []int64) error
+}
+
+// ClaimParams are the arguments of [Store.Claim].
+type ClaimParams struct {
+	Owner string
+	Token int64
+	Limit int
+	Lease time.Duration
+}
+
+// Claimed is a message leased by [Store.Claim].
+type Claimed struct {
+	// Seq is the message's position in the outbox; write-backs name messages by it.
+	Seq int64
+	// Attempts counts claims of this message, this one included.
+	Attempts int
+	Message  Message
+}
+
+// Retry is one message to release for another attempt.
+type Retry struct {
+	Seq   int64
+	Delay time.Duration
+	Error string
+}
+
+// DeadLetter is one message to move to the dead-letter table.
+type DeadLetter struct {
+	Seq    int64
+	Reason string
+}
+
+// Tables names the tables the SQL adapters use. The zero value means the connection's
+// default schema (search_path on PostgreSQL, the connected database on MySQL) and an outbox
+// table named "outbox"; the dead-letter, inbox and migration tables take the outbox table's
+// name as their prefix ("outbox_dead_letters"…). Names must be plain identifiers
+// (letters, digits, underscores; not starting with a digit; Outbox at most 40 characters).
+type Tables struct {
+	Schema string
+	Outbox string
+}

@@ -1,0 +1,57 @@
+package outbox
+
+import (
+	"context"
+	"time"
+)
+
+// Sender delivers messages to a broker; the [Relay] calls it. Transports implement it
+// (outboxmem, outboxsqs, outboxazqueue, outboxnats).
+//
+// The relay never puts two messages with the same key in one call, and calls again for a key
+// only after the previous call returned, so a Sender may send a batch's messages in any order
+// and concurrently. Send returns nil when every message was delivered, a [*BatchError] naming
+// the messages that failed (the others were delivered), or any other error when the whole
+// batch failed. Errors that retrying cannot fix (a message over the broker's size limit)
+// should be marked with [Permanent] or wrap [ErrTooLarge]: the relay dead-letters them at once.
+// Senders use Message.ID as the broker's dedup ID where it has one.
+type Sender interface {
+	Send(ctx context.Context, msgs []Message) error
+}
+
+// Receiver reads messages from a broker for a consumer.
+type Receiver interface {
+	// Receive waits for up to max messages. It may return fewer, or none when its wait
+	// (a long poll) ended empty; it returns ctx's error once ctx is done.
+	Receive(ctx context.Context, max int) ([]Delivery, error)
+}
+
+// Delivery is one received message with the broker's acknowledgement controls.
+type Delivery interface {
+	// Message returns the decoded envelope, or an error (wrapping [ErrMalformed]) when the
+	// broker message is not a valid txoutbox/CloudEvents envelope; the consumer dead-letters
+	// such a delivery instead of retrying it.
+	Message() (Message, error)
+	// Attempt counts deliveries of this message, 1 on the first (SQS ApproximateReceiveCount,
+	// Azure DequeueCount, JetStream's delivery count).
+	Attempt() int
+	// Ack removes the message from the broker: it was handled (or dead-lettered).
+	Ack(ctx context.Context) error
+	// Nack makes the message visible again after delay, for another attempt.
+	Nack(ctx context.Context, delay time.Duration) error
+}
+
+// TransportFeatures describe what a transport's broker can do; conformance suites use them
+// to test each transport for what it promises.
+type TransportFeatures struct {
+	// FIFO: messages with the same key are received in the order they were sent.
+	FIFO bool
+	// Dedup: the broker drops a re-sent message with an ID it has seen recently.
+	Dedup bool
+	// Batch: the broker accepts several messages per call.
+	Batch bool
+	// Delay: Nack's delay is honoured by the broker.
+	Delay bool
+	// MaxMessageBytes is the largest encoded message the broker accepts (0: no limit known).
+	MaxMessageBytes int
+}

@@ -1,0 +1,38 @@
+package outboxazqueue_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/outboxtest"
+	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
+)
+
+// TestRetryDeadLetterReplay: against Azurite, a failing handler is retried through the
+// message's visibility timeout (DequeueCount counting attempts), dead-lettered after
+// MaxAttempts, replayed through the outbox once fixed, and handled.
+func TestRetryDeadLetterReplay(t *testing.T) {
+	t.Parallel()
+	pool, ob, _ := pgOutbox(t)
+	client := serviceClient(t)
+	queue := newQueue(t, client)
+	sender, err := outboxazqueue.NewSender(client, &outboxazqueue.SenderConfig{DefaultQueue: queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver, err := outboxazqueue.NewReceiver(client.NewQueueClient(queue), fastReceiver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
+		Store: ob.NewStore(pool),
+		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
+			publish(t, pool, ob, true, events...)
+			return nil
+		},
+		Sender:      sender,
+		Receiver:    receiver,
+		DeadLetters: ob.NewDeadLetters(pool),
+	})
+}

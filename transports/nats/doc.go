@@ -1,0 +1,30 @@
+// Package outboxnats is the NATS JetStream transport of txoutbox, built on nats.go's
+// jetstream package.
+//
+// A [Sender] publishes the relay's batches with JetStream async publish and waits for every
+// publish acknowledgement, so a message counts as delivered only once the stream has stored
+// it. Each message carries its event ID in the Nats-Msg-Id header (outbox.Message.DedupID:
+// a replayed dead letter gets a fresh one): the stream's duplicate
+// window drops a re-send (a relay that crashed between publishing and deleting the outbox
+// row), and the publish acknowledgement says Duplicate. Keep the stream's Duplicates window
+// (server default 2 minutes) longer than the relay's Lease plus its SendTimeout, the longest
+// time before a crashed relay's messages are sent again. A re-send after the window (a
+// retry after a long backoff) is stored again; the consumer's inbox absorbs it.
+//
+// Messages travel as CloudEvents 1.0 in binary mode: the attributes are NATS headers
+// (ce-id, ce-type, ce-source, ce-time, ce-specversion, ce-partitionkey, content-type…) and
+// the body is the payload, so a consumer in any language reads them with its CloudEvents
+// SDK. Each event type goes to a subject: by default "events." followed by the type
+// ("events.orders.created"); see [SenderConfig] to route differently.
+//
+// A [Receiver] reads through a durable pull consumer with explicit acks. Attempt is the
+// consumer's delivery count; Ack waits for the server to confirm it (JetStream's double
+// ack) unless [ReceiverConfig].AsyncAck is set; Nack is a negative ack with a delay.
+// Creating streams and consumers is the application's job (or its infrastructure code's);
+// [Provision] does it for tests, examples and small deployments, and [Features] says what a
+// given stream and consumer promise.
+//
+// Sizes are checked before sending: a message whose headers and body exceed the server's
+// max_payload (or a lower limit set in [SenderConfig]) fails with an error wrapping
+// outbox.ErrTooLarge, which the relay dead-letters at once.
+package outboxnats

@@ -1,0 +1,20 @@
+package outboxnats
+
+import (
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/txoutbox/outbox"
+)
+
+// SetOnAck makes s call f with every publish ack the stream returns, so tests can see
+// acks flagged Duplicate.
+func SetOnAck(s *Sender, f func(outbox.Message, *jetstream.PubAck)) { s.onAck = f }
+
+// EncodedSize returns the size of m on the wire, headers and body, as the server counts it.
+func EncodedSize(s *Sender, m outbox.Message) (int, error) {
+	nm, err := s.encode(m, 0, "")
+	if err != nil {
+		return 0, err
+	}
+	return headerSize(nm.Header) + len(nm.Data), nil
+}

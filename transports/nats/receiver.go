@@ -1,0 +1,265 @@
+package outboxnats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/cloudevents"
+)
+
+// ReceiverConfig configures a [Receiver]. The zero value (or nil) means the defaults below.
+type ReceiverConfig struct {
+	// MaxWait bounds one long poll: Receive returns no messages after waiting this long
+	// for one. A Receive whose context is cancelled mid-poll leaves its pull request open
+	// on the server for the rest of MaxWait; a message delivered into it in that time is
+	// redelivered after the consumer's AckWait. Default 5s; at least 10ms, and at most the
+	// consumer's MaxRequestExpires when that is set.
+	MaxWait time.Duration
+	// AsyncAck makes Ack send the acknowledgement without waiting for the server's
+	// confirmation: one round trip less per message, but an ack lost on the way goes
+	// unnoticed and the message is delivered again after AckWait (an idempotent handler
+	// absorbs it). Default false: Ack is JetStream's double ack, and returns only once the
+	// server has recorded it.
+	AsyncAck bool
+}
+
+// Receiver reads messages from a JetStream pull consumer; it implements outbox.Receiver
+// and is safe for concurrent use.
+type Receiver struct {
+	c        jetstream.Consumer
+	cfg      ReceiverConfig
+	maxBatch int  // the consumer's MaxRequestBatch or MaxAckPending, 0 if unlimited
+	serial   bool // the consumer hands out one message at a time (MaxAckPending 1)
+}
+
+// NewReceiver returns a receiver reading through c, a durable (or long-lived) pull
+// consumer with explicit acks, such as js.Consumer(ctx, stream, name) returns. It validates
+// cfg (nil means the defaults) against c's configuration and reports every problem at once.
+//
+// Keep the consumer's MaxDeliver unlimited (-1), or above the consumer runtime's
+// MaxAttempts: the server stops redelivering a message after MaxDeliver deliveries, and the
+// message would then be dropped instead of dead-lettered. Handlers must finish within the
+// consumer's AckWait, or the message is delivered again while they run.
+func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
+	if c == nil {
+		return nil, errors.New("outboxnats: NewReceiver needs a jetstream.Consumer")
+	}
+	r := &Receiver{c: c}
+	if cfg != nil {
+		r.cfg = *cfg
+	}
+	if r.cfg.MaxWait == 0 {
+		r.cfg.MaxWait = 5 * time.Second
+	}
+	var errs []error
+	if r.cfg.MaxWait < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("MaxWait %v is under 10ms", r.cfg.MaxWait))
+	}
+	if info := c.CachedInfo(); info != nil {
+		cc := info.Config
+		if cc.AckPolicy != jetstream.AckExplicitPolicy {
+			errs = append(errs, fmt.Errorf("consumer %s on stream %s has AckPolicy %s; Ack and Nack need %s",
+				info.Name, info.Stream, cc.AckPolicy, jetstream.AckExplicitPolicy))
+		}
+		if cc.DeliverSubject != "" {
+			errs = append(errs, fmt.Errorf("consumer %s on stream %s is a push consumer (DeliverSubject %q); use a pull consumer", info.Name, info.Stream, cc.DeliverSubject))
+		}
+		if cc.MaxRequestExpires > 0 && r.cfg.MaxWait > cc.MaxRequestExpires {
+			errs = append(errs, fmt.Errorf("MaxWait %v is over consumer %s's MaxRequestExpires of %v", r.cfg.MaxWait, info.Name, cc.MaxRequestExpires))
+		}
+		r.maxBatch = cc.MaxRequestBatch
+		if cc.MaxAckPending > 0 && (r.maxBatch == 0 || cc.MaxAckPending < r.maxBatch) {
+			r.maxBatch = cc.MaxAckPending
+		}
+		r.serial = cc.MaxAckPending == 1
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("outboxnats: invalid Receiver: %w", errors.Join(errs...))
+	}
+	return r, nil
+}
+
+// Receive returns up to max messages: at once those the consumer has ready, otherwise the
+// first to arrive within MaxWait (with any that arrived along with it), or none when
+// MaxWait passes. It returns at most the consumer's MaxAckPending and MaxRequestBatch.
+// Once ctx is done it returns ctx's error; messages the interrupted poll had received are
+// negatively acknowledged, so they are redelivered at once (which counts in their Attempt).
+func (r *Receiver) Receive(ctx context.Context, max int) ([]outbox.Delivery, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	n := max
+	if n < 1 {
+		n = 1
+	}
+	if r.maxBatch > 0 && n > r.maxBatch {
+		n = r.maxBatch
+	}
+	// First what is ready now. Not on a consumer with MaxAckPending 1, which is at its
+	// limit whenever a message is out: the server drops a no-wait pull at the limit without
+	// an answer (nats-server 2.9), and the client would wait out its 1s fallback.
+	var out []outbox.Delivery
+	if !r.serial {
+		var err error
+		if out, err = r.fetchNoWait(n); err != nil || len(out) > 0 {
+			return out, err
+		}
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.MaxWait)
+	defer cancel()
+	batch, err := r.c.Fetch(1, jetstream.FetchContext(wctx))
+	if err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case wctx.Err() != nil:
+			return nil, nil
+		}
+		return nil, fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err)
+	}
+	out = r.collect(batch)
+	err = batch.Error()
+	switch {
+	case ctx.Err() != nil:
+		release(out)
+		return nil, ctx.Err()
+	case len(out) == 0 && errors.Is(err, context.DeadlineExceeded):
+		return nil, nil // the long poll ended empty
+	case len(out) == 0 && err != nil:
+		return nil, fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err)
+	case len(out) == 0:
+		return nil, nil
+	}
+	if len(out) < n {
+		// Whatever arrived with the first message; an error here recurs on the next call.
+		more, _ := r.fetchNoWait(n - len(out))
+		out = append(out, more...)
+	}
+	return out, nil
+}
+
+// fetchNoWait returns the messages the consumer has ready, without waiting.
+func (r *Receiver) fetchNoWait(max int) ([]outbox.Delivery, error) {
+	batch, err := r.c.FetchNoWait(max)
+	if err != nil {
+		return nil, fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err)
+	}
+	out := r.collect(batch)
+	if err := batch.Error(); err != nil && len(out) == 0 && !errors.Is(err, jetstream.ErrNoMessages) {
+		return nil, fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err)
+	}
+	return out, nil
+}
+
+func (r *Receiver) collect(batch jetstream.MessageBatch) []outbox.Delivery {
+	var out []outbox.Delivery
+	for msg := range batch.Messages() {
+		out = append(out, r.newDelivery(msg))
+	}
+	return out
+}
+
+func (r *Receiver) name() string {
+	if info := r.c.CachedInfo(); info != nil {
+		return info.Stream + "/" + info.Name
+	}
+	return "(unknown)"
+}
+
+// release hands back deliveries a cancelled Receive will not return.
+func release(ds []outbox.Delivery) {
+	for _, d := range ds {
+		_ = d.(*delivery).msg.Nak() // best effort: otherwise they return after AckWait
+	}
+}
+
+func (r *Receiver) newDelivery(msg jetstream.Msg) *delivery {
+	d := &delivery{msg: msg, asyncAck: r.cfg.AsyncAck, attempt: 1}
+	if meta, err := msg.Metadata(); err == nil {
+		d.attempt = int(meta.NumDelivered)
+		d.stream, d.seq = meta.Stream, meta.Sequence.Stream
+	}
+	hs := msg.Headers()
+	attrs := make(map[string]string, len(hs))
+	for k, vs := range hs {
+		if len(vs) > 0 && (strings.HasPrefix(k, cloudevents.HeaderPrefix) || strings.EqualFold(k, cloudevents.ContentTypeHeader)) {
+			attrs[k] = vs[0]
+		}
+	}
+	d.m, d.err = cloudevents.FromBinary(attrs, msg.Data())
+	if d.err != nil {
+		d.err = fmt.Errorf("outboxnats: %s on subject %s: %w", d.describe(), msg.Subject(), d.err)
+	}
+	return d
+}
+
+// delivery is one message pulled from the consumer.
+type delivery struct {
+	msg      jetstream.Msg
+	m        outbox.Message
+	err      error
+	attempt  int
+	stream   string
+	seq      uint64
+	asyncAck bool
+}
+
+// Message returns the decoded event, or an error wrapping outbox.ErrMalformed for a
+// message that is not a txoutbox CloudEvent; such a delivery can still be acked.
+func (d *delivery) Message() (outbox.Message, error) { return d.m, d.err }
+
+// Attempt is the consumer's delivery count of this message, 1 on the first delivery.
+func (d *delivery) Attempt() int { return d.attempt }
+
+// Ack acknowledges the message: with a double ack (waiting for the server) by default.
+func (d *delivery) Ack(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var err error
+	if d.asyncAck {
+		err = d.msg.Ack()
+	} else {
+		err = d.msg.DoubleAck(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("outboxnats: acking %s: %w", d.describe(), err)
+	}
+	return nil
+}
+
+// Nack asks the server to deliver the message again after delay.
+func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var err error
+	if delay > 0 {
+		err = d.msg.NakWithDelay(delay)
+	} else {
+		err = d.msg.Nak()
+	}
+	if err != nil {
+		return fmt.Errorf("outboxnats: nacking %s: %w", d.describe(), err)
+	}
+	return nil
+}
+
+// describe names the message in errors: its event ID when it has one, its place in the
+// stream always.
+func (d *delivery) describe() string {
+	if d.err == nil && d.m.ID != uuid.Nil {
+		return fmt.Sprintf("message %s (stream %s seq %d)", d.m.ID, d.stream, d.seq)
+	}
+	return fmt.Sprintf("message at stream %s seq %d", d.stream, d.seq)
+}
+
+var _ outbox.Receiver = (*Receiver)(nil)

@@ -1,0 +1,187 @@
+package outboxsqs_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/txoutbox/outbox"
+	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/outboxtest"
+)
+
+// httpTransport is shared by every test client so TestMain can close its idle connections
+// before goleak looks for leaked goroutines.
+var httpTransport = func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 64
+	return t
+}()
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(closeIdle{m}) }
+
+// closeIdle runs the tests, then closes idle HTTP connections (their read/write loops are
+// goroutines that would otherwise count as leaks).
+type closeIdle struct{ m *testing.M }
+
+func (c closeIdle) Run() int {
+	code := c.m.Run()
+	httpTransport.CloseIdleConnections()
+	return code
+}
+
+func sqsEndpoint() string {
+	if v := os.Getenv("TXOUTBOX_SQS_ENDPOINT"); v != "" {
+		return v
+	}
+	return "http://127.0.0.1:4566"
+}
+
+func pgURL() string {
+	if v := os.Getenv("TXOUTBOX_PG_URL"); v != "" {
+		return v
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// newClient returns an SQS client for the emulator with static test credentials, never the
+// user's AWS environment.
+func newClient() *sqs.Client {
+	return sqs.New(sqs.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(sqsEndpoint()),
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test", Source: "outboxsqs tests"}, nil
+		}),
+		HTTPClient: &http.Client{Transport: httpTransport},
+	})
+}
+
+// requireSQS returns a client once the emulator answers; a missing emulator fails the test
+// under CI and skips it otherwise.
+func requireSQS(t testing.TB) *sqs.Client {
+	t.Helper()
+	c := newClient()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err := c.ListQueues(ctx, &sqs.ListQueuesInput{MaxResults: aws.Int32(1)})
+	outboxtest.RequireService(t, "SQS emulator at "+sqsEndpoint(), err)
+	return c
+}
+
+var notName = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// uniqueName turns the test's name into an identifier with a random suffix.
+func uniqueName(t testing.TB, maxLen int) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	suffix := "-" + hex.EncodeToString(b)
+	name := strings.Trim(notName.ReplaceAllString(t.Name(), "-"), "-")
+	if len(name) > maxLen-len(suffix) {
+		name = name[len(name)-(maxLen-len(suffix)):]
+	}
+	return name + suffix
+}
+
+// newQueue creates a queue named after the test, deleted when the test ends.
+func newQueue(t testing.TB, c *sqs.Client, fifo bool) string {
+	t.Helper()
+	name := "txo-" + uniqueName(t, 70)
+	attrs := map[string]string{}
+	if fifo {
+		name += ".fifo"
+		attrs[string(types.QueueAttributeNameFifoQueue)] = "true"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+	if err != nil {
+		t.Fatalf("creating queue %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := c.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl}); err != nil {
+			t.Errorf("deleting queue %s: %v", name, err)
+		}
+	})
+	return *out.QueueUrl
+}
+
+// pgOutbox is an outbox in a schema of its own, dropped when the test ends.
+type pgOutbox struct {
+	pool   *pgxpool.Pool
+	outbox *outboxpgx.Outbox
+	schema string
+}
+
+func newPGOutbox(t testing.TB) *pgOutbox {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, pgURL())
+	if err == nil {
+		err = pool.Ping(ctx)
+		if err != nil {
+			pool.Close()
+		}
+	}
+	outboxtest.RequireService(t, "PostgreSQL at "+pgURL(), err)
+	schema := strings.ToLower(strings.ReplaceAll("sqs_"+uniqueName(t, 50), "-", "_"))
+	o, err := outboxpgx.New(outbox.Tables{Schema: schema})
+	if err != nil {
+		pool.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+		pool.Close()
+	})
+	if err := o.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return &pgOutbox{pool: pool, outbox: o, schema: schema}
+}
+
+// publish writes events in one committed transaction.
+func (p *pgOutbox) publish(t testing.TB, events ...outbox.Encodable) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := p.outbox.Publish(ctx, tx, events...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// count returns the rows of one of the outbox's tables ("outbox", "outbox_dead_letters").
+func (p *pgOutbox) count(t testing.TB, table string) int {
+	t.Helper()
+	var n int
+	if err := p.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+p.schema+"."+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
