@@ -14,6 +14,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/outboxtest"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
 
@@ -102,17 +103,6 @@ func (h *harness) send(t *testing.T, events ...outbox.Encodable) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func TestPoisonNeverBlocksOthers(t *testing.T) {
 	h := newHarness(t, nil, consumer.Config{Concurrency: 2})
 	var mu sync.Mutex
@@ -133,7 +123,7 @@ func TestPoisonNeverBlocksOthers(t *testing.T) {
 		h.send(t, outbox.New(Paid{Order: i}))
 	}
 	h.run(t)
-	waitFor(t, "all messages to be settled", func() bool { return h.q.Len() == 0 })
+	outboxtest.WaitFor(t, 10*time.Second, "all messages to be settled", func() bool { return h.q.Len() == 0 })
 	mu.Lock()
 	if len(handled) != 20 {
 		t.Fatalf("handled %d events, want 20", len(handled))
@@ -171,7 +161,7 @@ func TestRetryThenSuccess(t *testing.T) {
 	})
 	h.send(t, outbox.New(Paid{1}))
 	h.run(t)
-	waitFor(t, "the message to be acknowledged", func() bool { return h.q.Len() == 0 })
+	outboxtest.WaitFor(t, 10*time.Second, "the message to be acknowledged", func() bool { return h.q.Len() == 0 })
 	if attempts != 3 || len(h.dlq.all()) != 0 {
 		t.Fatalf("attempts %d, dead letters %d; want 3 and 0", attempts, len(h.dlq.all()))
 	}
@@ -190,8 +180,8 @@ func TestMaxAttemptsAndPermanent(t *testing.T) {
 	})
 	h.send(t, outbox.New(Paid{1}), outbox.New(Paid{2}), outbox.New(Paid{3}))
 	h.run(t)
-	waitFor(t, "three dead letters", func() bool { return len(h.dlq.all()) == 3 })
-	waitFor(t, "the queue to empty", func() bool { return h.q.Len() == 0 })
+	outboxtest.WaitFor(t, 10*time.Second, "three dead letters", func() bool { return len(h.dlq.all()) == 3 })
+	outboxtest.WaitFor(t, 10*time.Second, "the queue to empty", func() bool { return h.q.Len() == 0 })
 	byOrder := map[string]deadletter.Entry{}
 	for _, e := range h.dlq.all() {
 		byOrder[string(e.Message.Body)] = e
@@ -222,7 +212,7 @@ func TestPerKeyOrder(t *testing.T) {
 		h.send(t, outbox.New(Paid{i}, outbox.WithKey(fmt.Sprint("k", i%3))))
 	}
 	h.run(t)
-	waitFor(t, "all handled", func() bool { return h.q.Len() == 0 })
+	outboxtest.WaitFor(t, 10*time.Second, "all handled", func() bool { return h.q.Len() == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	for k, orders := range seen {

@@ -216,7 +216,7 @@ func runConsumer(t *testing.T, f *IdempotencyFixture, r outbox.Receiver, h consu
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error)
 	go func() { stopped <- c.Run(ctx) }()
-	waitFor(t, 30*time.Second, "the consumer to settle every message", done)
+	WaitFor(t, 30*time.Second, "the consumer to settle every message", done)
 	cancel()
 	if err := <-stopped; err != nil {
 		t.Fatal(err)

@@ -57,7 +57,7 @@ func ExerciseRetryDeadLetterReplay(t *testing.T, f *PipelineFixture) {
 	relayOnce := func(want int) {
 		t.Helper()
 		got := 0
-		waitFor(t, f.Timeout, "the relay to send", func() bool {
+		WaitFor(t, f.Timeout, "the relay to send", func() bool {
 			n, err := relay.RunOnce(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -105,7 +105,7 @@ func ExerciseRetryDeadLetterReplay(t *testing.T, f *PipelineFixture) {
 	}()
 
 	var dl []deadletter.Entry
-	waitFor(t, f.Timeout, "the poison event to be dead-lettered", func() bool {
+	WaitFor(t, f.Timeout, "the poison event to be dead-lettered", func() bool {
 		dl, err = f.DeadLetters.List(ctx, deadletter.Filter{Status: deadletter.StatusPending, Consumer: "replay"})
 		if err != nil {
 			t.Fatal(err)
@@ -136,7 +136,7 @@ func ExerciseRetryDeadLetterReplay(t *testing.T, f *PipelineFixture) {
 		t.Fatal(err)
 	}
 	relayOnce(1)
-	waitFor(t, f.Timeout, "the replayed event to be handled", func() bool {
+	WaitFor(t, f.Timeout, "the replayed event to be handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return handled["poison"] == 1

@@ -227,7 +227,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		}
 		// Another relay takes over once the lease expires and sends it again.
 		r := newRelay(t, f.Store, q, fastRelay("successor", 10))
-		waitFor(t, 10*time.Second, "the successor to re-send the event", func() bool {
+		WaitFor(t, 10*time.Second, "the successor to re-send the event", func() bool {
 			n, err := r.RunOnce(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -258,7 +258,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 			t.Fatalf("a leased message was claimed twice: %d rows, %v", len(again), err)
 		}
 		var second []outbox.Claimed
-		waitFor(t, 10*time.Second, "the expired lease to be reclaimed", func() bool {
+		WaitFor(t, 10*time.Second, "the expired lease to be reclaimed", func() bool {
 			second, err = f.Store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 22, Limit: 10, Lease: time.Minute})
 			if err != nil {
 				t.Fatal(err)
@@ -299,7 +299,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		mustPublish(t, f, true, e)
 		// Two relays in a row die while sending it: their leases expire with no write-back.
 		for token := int64(1); token <= 2; token++ {
-			waitFor(t, 10*time.Second, "the message to be claimable", func() bool {
+			WaitFor(t, 10*time.Second, "the message to be claimable", func() bool {
 				c, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "doomed", Token: token, Limit: 1, Lease: 200 * time.Millisecond})
 				if err != nil {
 					t.Fatal(err)
@@ -309,7 +309,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		}
 		q := outboxmem.New(nil)
 		r := newRelay(t, f.Store, q, fastRelay("survivor", 2))
-		waitFor(t, 10*time.Second, "the message to be dead-lettered", func() bool {
+		WaitFor(t, 10*time.Second, "the message to be dead-lettered", func() bool {
 			if _, err := r.RunOnce(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -399,7 +399,7 @@ func RunRelays(t testing.TB, store outbox.Store, sender outbox.Sender, n int, cf
 			}
 		}
 	}()
-	waitFor(t, 30*time.Second, "the relays to deliver", done)
+	WaitFor(t, 30*time.Second, "the relays to deliver", done)
 }
 
 // CheckPerKeyOrder fails the test unless, for every key, the first delivery of each event
@@ -438,7 +438,7 @@ func newRelay(t testing.TB, store outbox.Store, sender outbox.Sender, cfg *outbo
 func drain(t testing.TB, store outbox.Store, q *outboxmem.Queue, want int) {
 	t.Helper()
 	r := newRelay(t, store, q, fastRelay("drain", 10))
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d messages to be delivered", want), func() bool {
+	WaitFor(t, 30*time.Second, fmt.Sprintf("%d messages to be delivered", want), func() bool {
 		if _, err := r.RunOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -498,8 +498,9 @@ func ids(msgs []outbox.Message) map[uuid.UUID]bool {
 	return out
 }
 
-// waitFor polls cond every few milliseconds until it holds, failing after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+// WaitFor polls cond every few milliseconds until it holds, failing t (naming what it
+// waited for) after timeout. Tests wait for conditions with it instead of sleeping.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

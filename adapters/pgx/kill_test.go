@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/outboxtest"
 )
 
 const childEnv = "TXOUTBOX_CHILD_RELAY"
@@ -98,7 +99,7 @@ func TestSIGKILLMidBatchLosesNothing(t *testing.T) {
 		}
 		return n
 	}
-	waitUntil(t, 30*time.Second, "the child relay to deliver 250 events", func() bool { return count() >= 250 })
+	outboxtest.WaitFor(t, 30*time.Second, "the child relay to deliver 250 events", func() bool { return count() >= 250 })
 	if err := child.Process.Kill(); err != nil { // SIGKILL: no deferred code, no write-back
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func TestSIGKILLMidBatchLosesNothing(t *testing.T) {
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error)
 	go func() { done <- relay.Run(rctx) }()
-	waitUntil(t, 30*time.Second, "the survivor to drain the outbox", func() bool {
+	outboxtest.WaitFor(t, 30*time.Second, "the survivor to drain the outbox", func() bool {
 		n, err := f.Pending(ctx)
 		return err == nil && n == 0
 	})
@@ -146,14 +147,3 @@ type outboxtestNote struct {
 }
 
 func (outboxtestNote) EventType() string { return "outboxpgx_test.note" }
-
-func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

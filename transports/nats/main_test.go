@@ -20,6 +20,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(childConsumerEnv) != "" {
+		runChildConsumer() // TestConsumerKilledBetweenCommitAndAck re-runs this binary as its consumer
+	}
 	goleak.VerifyTestMain(m)
 }
 

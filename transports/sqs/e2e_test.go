@@ -47,18 +47,6 @@ func startRelay(t testing.TB, store outbox.Store, s outbox.Sender, cfg outbox.Re
 	return r
 }
 
-// waitFor polls cond until it holds, failing the test at the deadline.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still not true after %v", what, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // Every committed event goes PostgreSQL → relay → SQS → receiver with its ID, key, headers
 // and payload; a rolled-back one never does.
 func TestEndToEnd(t *testing.T) {
@@ -127,7 +115,7 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "outbox drained", 10*time.Second, func() bool { return p.count(t, "outbox") == 0 })
+	outboxtest.WaitFor(t, 10*time.Second, "outbox drained", func() bool { return p.count(t, "outbox") == 0 })
 	if n := p.count(t, "outbox_dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters, want 0", n)
 	}
@@ -248,7 +236,7 @@ func TestFIFODedupThroughRelayResend(t *testing.T) {
 	store := &failFirstComplete{Store: p.outbox.NewStore(p.pool)}
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
 	startRelay(t, store, s, outbox.RelayConfig{Lease: time.Second, SendTimeout: 400 * time.Millisecond})
-	waitFor(t, "event sent twice and completed", 15*time.Second, func() bool {
+	outboxtest.WaitFor(t, 15*time.Second, "event sent twice and completed", func() bool {
 		return store.calls.Load() >= 2 && p.count(t, "outbox") == 0
 	})
 	r := newReceiver(t, c, url)
