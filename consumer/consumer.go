@@ -34,7 +34,9 @@ type Config struct {
 	Name string
 	// DeadLetters receives what cannot be handled. Required: nothing is dropped silently.
 	DeadLetters deadletter.Writer
-	// Concurrency caps how many messages are being handled at once. Default 10.
+	// Concurrency caps how many received messages are unsettled at once: being handled, or
+	// waiting behind an earlier delivery of their key (one key is handled sequentially).
+	// A slow handler on a busy key can therefore hold several slots. Default 10.
 	Concurrency int
 	// BatchSize caps one Receive. Default 10.
 	BatchSize int
@@ -49,6 +51,11 @@ type Config struct {
 	// then their contexts are cancelled, and what did not finish is left to redelivery.
 	// Default 30s.
 	ShutdownTimeout time.Duration
+	// AckTimeout bounds each Ack and Nack. Without it a broker that stopped answering (a
+	// dropped connection) holds the message's slot, and every later delivery of its key, for
+	// as long as the client library waits. A lost ack only means a redelivery, which an
+	// idempotent handler absorbs. Default 5s.
+	AckTimeout time.Duration
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -74,6 +81,7 @@ func (c *Config) withDefaults() Config {
 	defd(&out.RetryBackoff, time.Second)
 	defd(&out.MaxRetryBackoff, 5*time.Minute)
 	defd(&out.ShutdownTimeout, 30*time.Second)
+	defd(&out.AckTimeout, 5*time.Second)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -90,6 +98,9 @@ func (c *Config) validate() error {
 	}
 	if c.Concurrency < 1 || c.BatchSize < 1 || c.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("Concurrency (%d), BatchSize (%d) and MaxAttempts (%d) must be positive", c.Concurrency, c.BatchSize, c.MaxAttempts))
+	}
+	if c.AckTimeout < 0 || c.ShutdownTimeout < 0 {
+		errs = append(errs, fmt.Errorf("negative AckTimeout (%v) or ShutdownTimeout (%v)", c.AckTimeout, c.ShutdownTimeout))
 	}
 	if c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff {
 		errs = append(errs, fmt.Errorf("backoffs must satisfy 0 <= RetryBackoff (%v) <= MaxRetryBackoff (%v)", c.RetryBackoff, c.MaxRetryBackoff))
@@ -306,7 +317,7 @@ func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
 	}
 	err = callHandler(WithInfo(ctx, Info{Consumer: c.cfg.Name, Attempt: attempt}), h, m)
 	if err == nil {
-		if err := d.Ack(ctx); err != nil {
+		if err := c.ack(ctx, d); err != nil {
 			// Redelivery follows; an idempotent handler absorbs it.
 			log.Warn("consumer: ack failed", "event_id", m.ID, "err", err)
 		}
@@ -328,7 +339,7 @@ func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
 			delay = outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
 		}
 		log.Warn("consumer: handler failed, will retry", "event_id", m.ID, "type", m.Type, "attempt", attempt, "retry_in", delay, "err", err)
-		if err := d.Nack(ctx, delay); err != nil {
+		if err := c.nack(ctx, d, delay); err != nil {
 			log.Warn("consumer: nack failed; the message reappears after its visibility timeout", "event_id", m.ID, "err", err)
 		}
 	}
@@ -360,11 +371,24 @@ func (c *Consumer) deadLetter(ctx context.Context, d outbox.Delivery, m outbox.M
 	log := c.cfg.Logger.With("consumer", c.cfg.Name, "event_id", m.ID, "type", m.Type)
 	if err != nil {
 		log.Error("consumer: writing a dead letter failed; will retry the message", "reason", reason, "err", err)
-		_ = d.Nack(ctx, outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff))
+		_ = c.nack(ctx, d, outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff))
 		return
 	}
 	log.Warn("consumer: message dead-lettered", "reason", reason, "attempts", attempt)
-	if err := d.Ack(ctx); err != nil {
+	if err := c.ack(ctx, d); err != nil {
 		log.Warn("consumer: ack of a dead-lettered message failed", "err", err)
 	}
+}
+
+// ack and nack settle d within AckTimeout.
+func (c *Consumer) ack(ctx context.Context, d outbox.Delivery) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckTimeout)
+	defer cancel()
+	return d.Ack(ctx)
+}
+
+func (c *Consumer) nack(ctx context.Context, d outbox.Delivery, delay time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.AckTimeout)
+	defer cancel()
+	return d.Nack(ctx, delay)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -263,3 +264,86 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// hangingAck is a receiver whose first delivery's Ack never answers, like a broker whose
+// connection died: it returns only when its context ends.
+type hangingAck struct {
+	outbox.Receiver
+	once     sync.Once
+	mu       sync.Mutex
+	ackErr   error
+	returned bool
+}
+
+func (r *hangingAck) Receive(ctx context.Context, limit int) ([]outbox.Delivery, error) {
+	ds, err := r.Receiver.Receive(ctx, limit)
+	for i := range ds {
+		r.once.Do(func() { ds[i] = hangingDelivery{ds[i], r} })
+	}
+	return ds, err
+}
+
+func (r *hangingAck) result() (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.returned, r.ackErr
+}
+
+type hangingDelivery struct {
+	outbox.Delivery
+	r *hangingAck
+}
+
+func (d hangingDelivery) Ack(ctx context.Context) error {
+	<-ctx.Done()
+	d.r.mu.Lock()
+	d.r.returned, d.r.ackErr = true, ctx.Err()
+	d.r.mu.Unlock()
+	return ctx.Err()
+}
+
+// TestAckTimeoutFreesTheKey: an Ack that never answers holds its slot and its key only for
+// AckTimeout; then the key's next event is handled.
+func TestAckTimeoutFreesTheKey(t *testing.T) {
+	q := outboxmem.New(nil)
+	r := &hangingAck{Receiver: q}
+	c, err := consumer.New(r, &consumer.Config{
+		Name: "test", DeadLetters: &memoryDLQ{}, Concurrency: 1,
+		AckTimeout: 50 * time.Millisecond, ShutdownTimeout: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var handled []int
+	consumer.Handle(c, func(ctx context.Context, e outbox.Event[Paid]) error {
+		mu.Lock()
+		handled = append(handled, e.Payload.Order)
+		mu.Unlock()
+		return nil
+	})
+	for _, e := range []outbox.Encodable{outbox.New(Paid{1}, outbox.WithKey("k")), outbox.New(Paid{2}, outbox.WithKey("k"))} {
+		m, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Send(context.Background(), []outbox.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	outboxtest.WaitFor(t, 10*time.Second, "the key's second event to be handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(handled, 2)
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if returned, err := r.result(); !returned || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the hanging Ack returned %v with %v, want context.DeadlineExceeded after AckTimeout", returned, err)
+	}
+}
