@@ -14,6 +14,14 @@ import (
 )
 
 func TestIdempotency(t *testing.T) {
+	exerciseIdempotency(t, func(o *testOutbox, h outboxpgx.TxHandler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+		return outboxpgx.IdempotentAt(o.Outbox, o.pool, h)
+	})
+}
+
+// exerciseIdempotency runs the adapters' exactly-once and dead-letter suite against the
+// consumer handler that wrap makes of a TxHandler writing one effect row per call.
+func exerciseIdempotency(t *testing.T, wrap func(*testOutbox, outboxpgx.TxHandler[outboxtest.Note]) consumer.Handler[outboxtest.Note]) {
 	outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture {
 		o := newTestOutbox(t)
 		effects := o.schema + ".effects"
@@ -23,7 +31,7 @@ func TestIdempotency(t *testing.T) {
 		return &outboxtest.IdempotencyFixture{
 			Store: o.NewStore(o.pool),
 			Handler: func(fail func(outbox.Event[outboxtest.Note]) error) consumer.Handler[outboxtest.Note] {
-				return outboxpgx.IdempotentAt(o.Outbox, o.pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[outboxtest.Note]) error {
+				return wrap(o, func(ctx context.Context, tx pgx.Tx, e outbox.Event[outboxtest.Note]) error {
 					if _, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, $2)", e.ID, e.Payload.Text); err != nil {
 						return err
 					}

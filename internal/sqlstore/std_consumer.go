@@ -274,9 +274,19 @@ func consumerOf(ctx context.Context, d Dialect) (ConsumerDialect, string, error)
 	if err != nil {
 		return nil, "", err
 	}
+	name, err := ConsumerName(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	return c, name, nil
+}
+
+// ConsumerName returns the consumer name that consumer.Run puts in handler contexts — the
+// inbox's key prefix. A ctx without one is a permanent error: retrying cannot supply one.
+func ConsumerName(ctx context.Context) (string, error) {
 	info, ok := consumer.InfoFrom(ctx)
 	if !ok || info.Consumer == "" {
-		return nil, "", outbox.Permanent(errors.New("idempotent handler called without a consumer name in its context (run it through consumer.Consumer, or use consumer.WithInfo)"))
+		return "", outbox.Permanent(errors.New("idempotent handler called without a consumer name in its context (run it through consumer.Consumer, or use consumer.WithInfo)"))
 	}
-	return c, info.Consumer, nil
+	return info.Consumer, nil
 }
