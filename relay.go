@@ -231,7 +231,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// A message claimed more often than MaxAttempts lost its earlier leases without a
 	// write-back: its sends crashed or hung the relay. Dead-letter it instead of looping.
 	var out outcome
-	sendable := claimed[:0:0]
+	sendable := make([]Claimed, 0, len(claimed)) // sized once: a batch is hundreds of messages
 	for _, c := range claimed {
 		if c.Attempts > r.cfg.MaxAttempts {
 			out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Reason: fmt.Sprintf(
@@ -281,7 +281,7 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, out *outcome) {
 	waves := splitWaves(claimed)
 	blocked := map[string]bool{}
 	for _, wave := range waves {
-		batch := wave[:0:0]
+		batch := make([]Claimed, 0, len(wave))
 		for _, c := range wave {
 			if c.Message.Key != "" && blocked[c.Message.Key] {
 				out.release = append(out.release, c.Seq)
@@ -389,7 +389,11 @@ func splitWaves(claimed []Claimed) [][]Claimed {
 			depth[k] = w + 1
 		}
 		if w == len(waves) {
-			waves = append(waves, nil)
+			var wave []Claimed
+			if w == 0 { // holds every keyless message: often the whole claim
+				wave = make([]Claimed, 0, len(claimed))
+			}
+			waves = append(waves, wave)
 		}
 		waves[w] = append(waves[w], c)
 	}

@@ -51,32 +51,45 @@ var reserved = map[string]bool{
 	"data_base64": true, extKey: true, extTxHeaders: true,
 }
 
-// attributes returns m's context attributes without prefix (id, type, …, extensions).
-func attributes(m outbox.Message, source string) (map[string]string, error) {
+// attrNames names the fixed attributes in one mode: unprefixed (structured) or as binary-mode
+// headers, so the binary encoder uses constants instead of concatenating each message.
+type attrNames struct {
+	specversion, id, typ, source, time, datacontenttype, key, txheaders string
+	prefix                                                              string // of extensions
+}
+
+var (
+	plainNames  = attrNames{"specversion", "id", "type", "source", "time", "datacontenttype", extKey, extTxHeaders, ""}
+	binaryNames = attrNames{HeaderPrefix + "specversion", HeaderPrefix + "id", HeaderPrefix + "type", HeaderPrefix + "source",
+		HeaderPrefix + "time", ContentTypeHeader, HeaderPrefix + extKey, HeaderPrefix + extTxHeaders, HeaderPrefix}
+)
+
+// eachAttribute calls f with each context attribute of m (id, type, …, extensions), named
+// as n says; every name is distinct. On error, f may have been called for some of them.
+func eachAttribute(m outbox.Message, source string, n *attrNames, f func(name, value string)) error {
 	if source == "" {
 		source = DefaultSource
 	}
-	a := map[string]string{
-		"specversion":     SpecVersion,
-		"id":              m.ID.String(),
-		"type":            m.Type,
-		"source":          source,
-		"time":            m.CreatedAt.UTC().Format(time.RFC3339Nano),
-		"datacontenttype": m.ContentType,
+	ct := m.ContentType
+	if ct == "" {
+		ct = outbox.JSON.ContentType()
 	}
-	if m.ContentType == "" {
-		a["datacontenttype"] = outbox.JSON.ContentType()
-	}
+	f(n.specversion, SpecVersion)
+	f(n.id, m.ID.String())
+	f(n.typ, m.Type)
+	f(n.source, source)
+	f(n.time, m.CreatedAt.UTC().Format(time.RFC3339Nano))
+	f(n.datacontenttype, ct)
 	if m.Key != "" {
-		a[extKey] = m.Key
+		f(n.key, m.Key)
 	}
 	var other map[string]string
 	for k, v := range m.Headers {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
-			return nil, fmt.Errorf("outbox: message %s: header %q is not valid UTF-8 and cannot travel as a CloudEvents attribute", m.ID, k)
+			return fmt.Errorf("outbox: message %s: header %q is not valid UTF-8 and cannot travel as a CloudEvents attribute", m.ID, k)
 		}
-		if extName.MatchString(k) && !reserved[k] {
-			a[k] = v
+		if !reserved[k] && extName.MatchString(k) {
+			f(n.prefix+k, v)
 			continue
 		}
 		if other == nil {
@@ -87,9 +100,18 @@ func attributes(m outbox.Message, source string) (map[string]string, error) {
 	if other != nil {
 		b, err := json.Marshal(other)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		a[extTxHeaders] = string(b)
+		f(n.txheaders, string(b))
+	}
+	return nil
+}
+
+// attributes returns m's context attributes without prefix (id, type, …, extensions).
+func attributes(m outbox.Message, source string) (map[string]string, error) {
+	a := make(map[string]string, 8+len(m.Headers))
+	if err := eachAttribute(m, source, &plainNames, func(k, v string) { a[k] = v }); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -151,19 +173,18 @@ func fromAttributes(a map[string]string, body []byte) (outbox.Message, error) {
 // ToBinary returns the broker headers of m in binary mode: "ce-"-prefixed attributes plus
 // "content-type". The body is m.Body unchanged.
 func ToBinary(m outbox.Message, source string) (map[string]string, error) {
-	a, err := attributes(m, source)
-	if err != nil {
+	h := make(map[string]string, 8+len(m.Headers))
+	if err := EachBinary(m, source, func(k, v string) { h[k] = v }); err != nil {
 		return nil, err
 	}
-	h := make(map[string]string, len(a)+1)
-	for k, v := range a {
-		if k == "datacontenttype" {
-			h[ContentTypeHeader] = v
-			continue
-		}
-		h[HeaderPrefix+k] = v
-	}
 	return h, nil
+}
+
+// EachBinary calls set with each header ToBinary would return, without building the map,
+// for a transport that fills its own header type. On error, set may have been called for
+// some headers: discard them.
+func EachBinary(m outbox.Message, source string, set func(name, value string)) error {
+	return eachAttribute(m, source, &binaryNames, set)
 }
 
 // FromBinary rebuilds a message from binary-mode headers and body. Headers without the

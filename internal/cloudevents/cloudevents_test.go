@@ -150,3 +150,52 @@ func TestInvalidUTF8HeaderIsAnError(t *testing.T) {
 		t.Fatal("a non-UTF-8 header was accepted in structured mode")
 	}
 }
+
+// TestBinaryHeaders pins the binary-mode headers: each attribute under "ce-" + its name,
+// datacontenttype as content-type.
+func TestBinaryHeaders(t *testing.T) {
+	m := sample()
+	h, err := ToBinary(m, "/orders-service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"ce-specversion":  "1.0",
+		"ce-id":           m.ID.String(),
+		"ce-type":         "orders.completed",
+		"ce-source":       "/orders-service",
+		"ce-time":         "2026-11-22T10:00:00.123456Z",
+		"content-type":    "application/json",
+		"ce-partitionkey": "order-42",
+		"ce-traceparent":  m.Headers["traceparent"],
+		"ce-txheaders":    `{"X-Request-Id":"r1"}`,
+	}
+	if !reflect.DeepEqual(h, want) {
+		t.Fatalf("binary headers:\n got %v\nwant %v", h, want)
+	}
+	attrs, err := attributes(m, "/orders-service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(attrs) != len(h) {
+		t.Fatalf("%d attributes, %d binary headers", len(attrs), len(h))
+	}
+	for k, v := range attrs {
+		name := HeaderPrefix + k
+		if k == "datacontenttype" {
+			name = ContentTypeHeader
+		}
+		if h[name] != v {
+			t.Errorf("attribute %s = %q, header %s = %q", k, v, name, h[name])
+		}
+	}
+	got := map[string]string{}
+	if err := EachBinary(m, "/orders-service", func(k, v string) {
+		if _, dup := got[k]; dup {
+			t.Errorf("header %s given twice", k)
+		}
+		got[k] = v
+	}); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("EachBinary: %v\n got %v\nwant %v", err, got, want)
+	}
+}
