@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io/fs"
@@ -95,13 +96,9 @@ func runMigrations(ctx context.Context, d Dialect, q Querier, n *Names, createTa
 }
 
 func sortBySeq(c []outbox.Claimed) {
-	slices.SortFunc(c, func(a, b outbox.Claimed) int {
-		switch {
-		case a.Seq < b.Seq:
-			return -1
-		case a.Seq > b.Seq:
-			return 1
-		}
-		return 0
-	})
+	bySeq := func(a, b outbox.Claimed) int { return cmp.Compare(a.Seq, b.Seq) }
+	// Claims mostly arrive in order already: one pass to check beats sorting big structs.
+	if !slices.IsSortedFunc(c, bySeq) {
+		slices.SortFunc(c, bySeq)
+	}
 }

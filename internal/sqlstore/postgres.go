@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/google/uuid"
+
 	"github.com/txoutbox/outbox"
 )
 
@@ -130,7 +132,8 @@ func ScanClaimed(rows Rows) ([]outbox.Claimed, error) {
 		if err := rows.Scan(&c.Seq, &id, &m.Type, &m.Key, &hdr, &m.ContentType, &m.Body, &m.CreatedAt, &c.Attempts); err != nil {
 			return nil, err
 		}
-		if err := m.ID.UnmarshalText([]byte(id)); err != nil {
+		var err error
+		if m.ID, err = uuid.Parse(id); err != nil { // parses the string in place: no copy to []byte
 			return nil, fmt.Errorf("outbox row %d has an invalid id %q: %w", c.Seq, id, err)
 		}
 		if hdr != "" {
