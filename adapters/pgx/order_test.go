@@ -95,3 +95,81 @@ func TestLateCommitIsNeverSkipped(t *testing.T) {
 		t.Fatalf("deliveries %v, want the second event then the late-committed first", sent)
 	}
 }
+
+// TestStaleWriteBackNeverLetsALaterEventOvertake: relay A's lease on X (key k) expired while
+// it was sending; its send failed, and its Retry write-back of X is in flight (row locked,
+// not committed) just as relay B claims. B must not claim Y, the next event of k: once A's
+// Retry commits, X waits for its backoff, and Y would be sent before X. Write-backs that
+// reschedule or release rows share the claims' advisory lock, so B's claim waits for A's
+// write-back and then sees X waiting.
+func TestStaleWriteBackNeverLetsALaterEventOvertake(t *testing.T) {
+	o := newTestOutbox(t)
+	ctx := context.Background()
+	x, y := outbox.New(outboxtestNote{N: 1}, outbox.WithKey("k")), outbox.New(outboxtestNote{N: 2}, outbox.WithKey("k"))
+	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, x, y) }); err != nil {
+		t.Fatal(err)
+	}
+	store := o.NewStore(o.pool)
+	claimedA, err := store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 1, Limit: 1, Lease: time.Millisecond})
+	if err != nil || len(claimedA) != 1 || claimedA[0].Message.ID != x.ID {
+		t.Fatalf("relay A claimed %v, %v; want X alone", claimedA, err)
+	}
+	outboxtest.WaitFor(t, 10*time.Second, "A's lease to expire", func() bool {
+		var expired bool
+		err := o.pool.QueryRow(ctx, "SELECT lease_until < now() FROM "+o.schema+".outbox WHERE seq = $1", claimedA[0].Seq).Scan(&expired)
+		return err == nil && expired
+	})
+
+	// A's Retry, executed but not yet committed.
+	writeBack, err := o.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writeBack.Rollback(ctx)
+	if err := o.NewStore(writeBack).Retry(ctx, 1, []outbox.Retry{{Seq: claimedA[0].Seq, Delay: time.Hour, Error: "send failed"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		claimed []outbox.Claimed
+		err     error
+	}
+	claimB := make(chan result, 1)
+	go func() {
+		c, err := store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 2, Limit: 10, Lease: time.Minute})
+		claimB <- result{c, err}
+	}()
+	// B's claim either returns at once (it skipped the locked X) or waits on the lock.
+	var early *result
+	outboxtest.WaitFor(t, 10*time.Second, "B's claim to return or to wait for the write-back", func() bool {
+		select {
+		case r := <-claimB:
+			early = &r
+			return true
+		default:
+		}
+		var waiting int
+		err := o.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, o.schema).Scan(&waiting)
+		return err == nil && waiting > 0
+	})
+	if err := writeBack.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := early
+	if r == nil {
+		got := <-claimB
+		r = &got
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	for _, c := range r.claimed {
+		if c.Message.ID == y.ID {
+			t.Fatal("relay B claimed Y while X, the earlier event of its key, was being rescheduled: Y would overtake X")
+		}
+	}
+	if len(r.claimed) != 0 {
+		t.Fatalf("relay B claimed %d messages, want none (X waits for its retry, Y behind it)", len(r.claimed))
+	}
+}

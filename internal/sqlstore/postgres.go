@@ -166,13 +166,14 @@ func (s *pgStore) Retry(ctx context.Context, token int64, retries []outbox.Retry
 		rs[i] = row{r.Seq, r.Delay.Milliseconds(), r.Error}
 	}
 	js, _ := json.Marshal(rs)
-	return s.db.Exec(ctx, `UPDATE `+s.n.Outbox+` AS o
+	return s.db.Exec(ctx, s.fence()+`
+UPDATE `+s.n.Outbox+` AS o
    SET available_at = now() + r.delay_ms * interval '1 millisecond',
        last_error = r.error,
        first_failed_at = coalesce(o.first_failed_at, now()),
        claim_token = NULL, lease_owner = NULL, lease_until = NULL
   FROM jsonb_to_recordset($2::jsonb) AS r(seq bigint, delay_ms bigint, error text)
- WHERE o.seq = r.seq AND o.claim_token = $1`, token, string(js))
+ WHERE o.seq = r.seq AND o.claim_token = $1 AND EXISTS (SELECT FROM fence)`, token, string(js))
 }
 
 func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) error {
@@ -185,10 +186,11 @@ func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outbox.Dea
 		rs[i] = row{d.Seq, d.Reason}
 	}
 	js, _ := json.Marshal(rs)
-	return s.db.Exec(ctx, `WITH moved AS (
+	return s.db.Exec(ctx, s.fence()+`,
+moved AS (
     DELETE FROM `+s.n.Outbox+` AS o
      USING jsonb_to_recordset($2::jsonb) AS r(seq bigint, reason text)
-     WHERE o.seq = r.seq AND o.claim_token = $1
+     WHERE o.seq = r.seq AND o.claim_token = $1 AND EXISTS (SELECT FROM fence)
     RETURNING o.id, o.type, o.key, o.headers, o.content_type, o.body, o.created_at,
               o.attempts, o.first_failed_at, r.reason)
 INSERT INTO `+s.n.DeadLetters+` (event_id, event_type, event_key, headers, content_type, body,
@@ -199,9 +201,22 @@ SELECT id, type, key, headers, content_type, body, created_at, 'relay', reason, 
 }
 
 func (s *pgStore) Release(ctx context.Context, token int64, seqs []int64) error {
-	return s.db.Exec(ctx, `UPDATE `+s.n.Outbox+`
+	return s.db.Exec(ctx, s.fence()+`
+UPDATE `+s.n.Outbox+`
    SET claim_token = NULL, lease_owner = NULL, lease_until = NULL, attempts = attempts - 1
- WHERE claim_token = $1 AND seq = ANY (string_to_array($2, ',')::bigint[])`, token, JoinSeqs(seqs))
+ WHERE claim_token = $1 AND seq = ANY (string_to_array($2, ',')::bigint[]) AND EXISTS (SELECT FROM fence)`, token, JoinSeqs(seqs))
+}
+
+// fence starts a write-back that leaves a row in the outbox (Retry, Release) or moves it out
+// on failure (DeadLetter) with the claims' advisory lock, in shared mode: write-backs do not
+// wait for each other, but a claim never runs while one is in flight. Otherwise a relay whose
+// lease expired could be rescheduling its row X while another relay claims: the claim skips
+// the locked X (or sees it change under its lock) and takes Y, the next event of X's key,
+// which would then overtake X. The uncorrelated EXISTS (SELECT FROM fence) is a one-time
+// filter, so the lock is taken before any row is read. Complete needs no fence: a row it
+// deletes was delivered, so a later event of its key may go.
+func (s *pgStore) fence() string {
+	return "WITH fence AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(" + strconv.FormatInt(s.n.LockKey, 10) + "))"
 }
 
 // JoinSeqs renders seqs as "1,2,3": one text argument that every driver binds, where array
