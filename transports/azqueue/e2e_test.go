@@ -2,13 +2,10 @@ package outboxazqueue_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 )
@@ -31,63 +29,23 @@ type FileUploaded struct {
 
 func (FileUploaded) EventType() string { return "files.uploaded" }
 
-// pgOutbox connects to PostgreSQL and migrates an outbox in a schema of its own, dropped
-// when the test ends.
+// pgOutbox is an outbox in a PostgreSQL schema of its own, dropped when the test ends.
 func pgOutbox(t testing.TB) (*pgxpool.Pool, *outboxpgx.Outbox, string) {
 	t.Helper()
-	url := os.Getenv("TXOUTBOX_PG_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatalf("pgxpool: %v", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		outboxtest.RequireService(t, "PostgreSQL", err)
-	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "azq_" + hex.EncodeToString(b)
-	ob, err := outboxpgx.New(outbox.Tables{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-		pool.Close()
-		if err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	if err := ob.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	return pool, ob, schema
+	o := pgxtest.New(t, "azq")
+	return o.Pool, o.Outbox, o.Schema
 }
 
 // waitDrained waits until the relay has completed every event of the outbox.
 func waitDrained(t testing.TB, pool *pgxpool.Pool, schema string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	outboxtest.WaitFor(t, 30*time.Second, "the outbox to drain", func() bool {
 		var left int
 		if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+schema+".outbox").Scan(&left); err != nil {
 			t.Fatal(err)
 		}
-		if left == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the outbox still holds %d events", left)
-		}
-		<-tick.C
-	}
+		return left == 0
+	})
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
 
@@ -131,7 +132,7 @@ func BenchmarkJetStream(b *testing.B) {
 			}
 		}
 	}
-	pg := newPGOutbox(b)
+	pg := pgxtest.New(b, "outboxnats")
 	relayDst := fresh()
 	sink := &countingSender{Sender: relayDst.sender}
 	relay := quietRelay(b, pg, sink, outbox.RelayConfig{})
@@ -141,7 +142,7 @@ func BenchmarkJetStream(b *testing.B) {
 			for range min(1000, n-start) {
 				events = append(events, outbox.New(orderPlaced{OrderID: "o-123456", Note: "benchmark event"}))
 			}
-			pg.publish(b, events...)
+			pg.Commit(b, events...)
 		}
 		return func() {
 			sent := sink.expect(n)
@@ -188,7 +189,7 @@ func BenchmarkJetStream(b *testing.B) {
 			b.Fatalf("%s: the stream holds %d messages, want %d", p.name, got, b.N)
 		}
 	}
-	if left := pg.count(b, "outbox"); left != 0 {
+	if left := pg.Count(b, "outbox"); left != 0 {
 		b.Fatalf("%d events left in the outbox, want 0", left)
 	}
 	rate := map[string]float64{}

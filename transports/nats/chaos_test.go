@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
@@ -42,7 +43,7 @@ import (
 // committed events is known exactly (a commit cut by a kill has an unknown outcome).
 func TestChaosDatabaseConnectionsKilled(t *testing.T) {
 	t.Parallel()
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxnats")
 	_, js := connect(t)
 	d := newDestination(t, js, outboxnats.Topology{}, outboxnats.SenderConfig{})
 
@@ -62,7 +63,7 @@ func TestChaosDatabaseConnectionsKilled(t *testing.T) {
 	producing := pl.produce(chaos, 4)
 	var rounds, killed int
 	for chaos.Err() == nil {
-		n, err := terminateBackends(p.pool, app)
+		n, err := terminateBackends(p.Pool, app)
 		if err != nil {
 			t.Fatalf("terminating the backends of %s: %v", app, err)
 		}
@@ -102,7 +103,7 @@ func TestChaosDatabaseConnectionsKilled(t *testing.T) {
 // everything must still arrive exactly once in effect.
 func TestChaosBrokerOutage(t *testing.T) {
 	t.Parallel()
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxnats")
 	srv := startNATSServer(t)
 	ncRelay, jsRelay := connectPrivate(t, srv, "chaos relays")
 	ncCons, jsCons := connectPrivate(t, srv, "chaos consumer")
@@ -153,7 +154,7 @@ func TestChaosBrokerOutage(t *testing.T) {
 		return pl.sender.stats().failed > before.failed
 	})
 	time.Sleep(time.Until(killedAt.Add(outage))) // the outage lasts this long, whatever happens meanwhile
-	pendingAtRestart := p.count(t, "outbox")
+	pendingAtRestart := p.Count(t, "outbox")
 	srv.start()
 	restartedAt := time.Now()
 	outboxtest.WaitFor(t, 30*time.Second, "both connections to reconnect", func() bool {
@@ -191,7 +192,7 @@ type chaosSetup struct {
 // chaosPipeline is producers → outbox → two relays → JetStream → consumer → effects.
 type chaosPipeline struct {
 	t        *testing.T
-	p        *pgOutbox
+	p        *pgxtest.Outbox
 	setup    chaosSetup
 	sender   *chaosSender
 	receiver *countingReceiver
@@ -218,9 +219,9 @@ const (
 	relayCycleFailed = "outbox relay: cycle failed" // the relay's log message
 )
 
-func newChaosPipeline(t *testing.T, p *pgOutbox, s chaosSetup) *chaosPipeline {
+func newChaosPipeline(t *testing.T, p *pgxtest.Outbox, s chaosSetup) *chaosPipeline {
 	t.Helper()
-	if _, err := p.pool.Exec(context.Background(), "CREATE TABLE "+p.schema+".effects (n bigserial, event_id uuid NOT NULL)"); err != nil {
+	if _, err := p.Pool.Exec(context.Background(), "CREATE TABLE "+p.Schema+".effects (n bigserial, event_id uuid NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
 	pl := &chaosPipeline{
@@ -247,7 +248,7 @@ func (pl *chaosPipeline) start() {
 	t := pl.t
 	t.Helper()
 	logger := slog.New(pl.logs)
-	store := &chaosStore{Store: pl.p.outbox.NewStore(pl.setup.relayPool)}
+	store := &chaosStore{Store: pl.p.Outbox.NewStore(pl.setup.relayPool)}
 	pl.store = store
 	var relays []*outbox.Relay
 	for i := range 2 {
@@ -274,7 +275,7 @@ func (pl *chaosPipeline) start() {
 	}
 	c, err := consumer.New(pl.receiver, &consumer.Config{
 		Name:        chaosConsumer,
-		DeadLetters: pl.p.outbox.NewDeadLetters(pl.setup.consumerPool),
+		DeadLetters: pl.p.Outbox.NewDeadLetters(pl.setup.consumerPool),
 		// As for the relays: retries 10× faster than the default need more attempts to
 		// span an outage. (Every kill fails the next statement on each pooled
 		// connection, so one event may fail several times in a row: runs saw attempt 8.)
@@ -286,7 +287,7 @@ func (pl *chaosPipeline) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := idempotentEffect(pl.p.outbox, pl.setup.consumerPool, pl.p.schema)
+	h := idempotentEffect(pl.p.Outbox, pl.setup.consumerPool, pl.p.Schema)
 	consumer.Handle(c, func(ctx context.Context, e outbox.Event[orderPlaced]) error {
 		info, _ := consumer.InfoFrom(ctx)
 		pl.handled.add(e.ID, info.Attempt)
@@ -405,7 +406,7 @@ func (pl *chaosPipeline) publishTx(pool *pgxpool.Pool, events []outbox.Encodable
 			return err
 		}
 	}
-	if err := pl.p.outbox.Publish(ctx, tx, events...); err != nil {
+	if err := pl.p.Outbox.Publish(ctx, tx, events...); err != nil {
 		return err
 	}
 	switch end {
@@ -413,7 +414,7 @@ func (pl *chaosPipeline) publishTx(pool *pgxpool.Pool, events []outbox.Encodable
 		return tx.Rollback(ctx)
 	case txKilled:
 		var gone bool // pg_terminate_backend with a timeout waits until the backend has exited
-		if err := pl.p.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", pid).Scan(&gone); err != nil || !gone {
+		if err := pl.p.Pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", pid).Scan(&gone); err != nil || !gone {
 			return fmt.Errorf("terminating the producer's backend %d: %v, %v", pid, gone, err)
 		}
 		if err := tx.Commit(ctx); err == nil {
@@ -432,14 +433,14 @@ func (pl *chaosPipeline) awaitSettled(timeout time.Duration) {
 	want := len(pl.committed)
 	pl.mu.Unlock()
 	var pending, effects, dead int
-	s := pl.p.schema
+	s := pl.p.Schema
 	defer func() {
 		if pl.t.Failed() {
 			pl.t.Logf("at the end of the wait: %d in the outbox, %d of %d effects, %d dead letters", pending, effects, want, dead)
 		}
 	}()
 	outboxtest.WaitFor(pl.t, timeout, fmt.Sprintf("the outbox to drain and the %d committed events to take effect", want), func() bool {
-		err := pl.p.pool.QueryRow(context.Background(), `SELECT
+		err := pl.p.Pool.QueryRow(context.Background(), `SELECT
 			(SELECT count(*) FROM `+s+`.outbox),
 			(SELECT count(DISTINCT event_id) FROM `+s+`.effects),
 			(SELECT count(*) FROM `+s+`.outbox_dead_letters)`).Scan(&pending, &effects, &dead)
@@ -469,10 +470,10 @@ func (pl *chaosPipeline) verify() chaosResult {
 	if res.committed < 500 || res.rolledBack == 0 {
 		t.Errorf("only %d committed and %d rolled-back events: too few to prove anything", res.committed, res.rolledBack)
 	}
-	s := pl.p.schema
+	s := pl.p.Schema
 
 	// Dead letters, first: they explain missing effects.
-	rows, err := pl.p.pool.Query(ctx, "SELECT event_id, stage, attempts, reason FROM "+s+".outbox_dead_letters ORDER BY id")
+	rows, err := pl.p.Pool.Query(ctx, "SELECT event_id, stage, attempts, reason FROM "+s+".outbox_dead_letters ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +501,7 @@ func (pl *chaosPipeline) verify() chaosResult {
 
 	// Effects: every committed event exactly once, nothing else.
 	effects := map[uuid.UUID]int{}
-	rows, err = pl.p.pool.Query(ctx, "SELECT event_id, count(*) FROM "+s+".effects GROUP BY event_id")
+	rows, err = pl.p.Pool.Query(ctx, "SELECT event_id, count(*) FROM "+s+".effects GROUP BY event_id")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -546,10 +547,10 @@ func (pl *chaosPipeline) verify() chaosResult {
 	report("events with duplicate effects", dupEvents)
 	report("rolled-back events with an effect", rolledBackEffects)
 	report("effects of events nobody published", phantom)
-	if n := pl.p.count(t, "outbox_inbox"); n != res.committed {
+	if n := pl.p.Count(t, "outbox_inbox"); n != res.committed {
 		t.Errorf("%d inbox rows; want one per committed event, %d", n, res.committed)
 	}
-	if n := pl.p.count(t, "outbox"); n != 0 {
+	if n := pl.p.Count(t, "outbox"); n != 0 {
 		t.Errorf("%d events left in the outbox", n)
 	}
 	var handledRolledBack []string
@@ -658,7 +659,7 @@ func terminateBackends(admin *pgxpool.Pool, app string) (int, error) {
 // chaosPool opens a pool whose connections carry application_name app, closed at cleanup.
 func chaosPool(t *testing.T, app string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgURL())
+	cfg, err := pgxpool.ParseConfig(pgxtest.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
@@ -70,7 +71,7 @@ func runChildConsumer() {
 	}
 	schema, stream, _ := strings.Cut(os.Getenv(childConsumerEnv), " ")
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgURL())
+	pool, err := pgxpool.New(ctx, pgxtest.URL())
 	if err != nil {
 		fail(err)
 	}
@@ -137,9 +138,9 @@ func (r *countingReceiver) redeliveries() int {
 func TestConsumerKilledBetweenCommitAndAck(t *testing.T) {
 	t.Parallel()
 	_, js := connect(t)
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxnats")
 	ctx := context.Background()
-	if _, err := p.pool.Exec(ctx, "CREATE TABLE "+p.schema+".effects (n bigserial, event_id uuid NOT NULL)"); err != nil {
+	if _, err := p.Pool.Exec(ctx, "CREATE TABLE "+p.Schema+".effects (n bigserial, event_id uuid NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
 	const ackWait = time.Second // how soon JetStream redelivers what the dead child held
@@ -162,7 +163,7 @@ func TestConsumerKilledBetweenCommitAndAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	child := exec.Command(exe)
-	child.Env = append(os.Environ(), childConsumerEnv+"="+p.schema+" "+info.Config.Name)
+	child.Env = append(os.Environ(), childConsumerEnv+"="+p.Schema+" "+info.Config.Name)
 	child.Stderr = os.Stderr
 	stdout, err := child.StdoutPipe()
 	if err != nil {
@@ -196,7 +197,7 @@ func TestConsumerKilledBetweenCommitAndAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = child.Wait()
-	if n := p.count(t, "effects"); n != 1 {
+	if n := p.Count(t, "effects"); n != 1 {
 		t.Fatalf("after the child committed, %d effect rows; want 1", n)
 	}
 	if ci, err := d.consumer.Info(ctx); err != nil || ci.AckFloor.Consumer != 0 {
@@ -205,13 +206,13 @@ func TestConsumerKilledBetweenCommitAndAck(t *testing.T) {
 
 	received := &countingReceiver{Receiver: d.receiver}
 	c, err := consumer.New(received, &consumer.Config{
-		Name: "crash", DeadLetters: p.outbox.NewDeadLetters(p.pool),
+		Name: "crash", DeadLetters: p.Outbox.NewDeadLetters(p.Pool),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	consumer.Handle(c, idempotentEffect(p.outbox, p.pool, p.schema))
+	consumer.Handle(c, idempotentEffect(p.Outbox, p.Pool, p.Schema))
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(cctx) }()
@@ -223,10 +224,10 @@ func TestConsumerKilledBetweenCommitAndAck(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n := p.count(t, "effects"); n != 1 {
+	if n := p.Count(t, "effects"); n != 1 {
 		t.Fatalf("after the redelivery, %d effect rows; want exactly 1", n)
 	}
-	if n := p.count(t, "outbox_inbox"); n != 1 {
+	if n := p.Count(t, "outbox_inbox"); n != 1 {
 		t.Errorf("%d inbox rows; want 1", n)
 	}
 }

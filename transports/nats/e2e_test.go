@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
@@ -25,10 +26,10 @@ type orderPlaced struct {
 
 func (orderPlaced) EventType() string { return "orders.placed" }
 
-func quietRelay(t testing.TB, p *pgOutbox, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
+func quietRelay(t testing.TB, p *pgxtest.Outbox, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	r, err := outbox.NewRelay(p.outbox.NewStore(p.pool), s, &cfg)
+	r, err := outbox.NewRelay(p.Outbox.NewStore(p.Pool), s, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func receiveAll(t *testing.T, r outbox.Receiver, n int) map[uuid.UUID]outbox.Mes
 // relay → JetStream → receiver, each once; an event whose transaction rolled back never
 // reaches the stream.
 func TestEndToEnd(t *testing.T) {
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxnats")
 	_, js := connect(t)
 	d := newDestination(t, js, outboxnats.Topology{}, outboxnats.SenderConfig{})
 	relay := quietRelay(t, p, d.sender, outbox.RelayConfig{BatchSize: 50})
@@ -82,15 +83,15 @@ func TestEndToEnd(t *testing.T) {
 			committed[e.ID] = e
 			events = append(events, e)
 		}
-		p.publish(t, events...)
+		p.Commit(t, events...)
 		relay.Wake()
 	}
 	rolledBack := outbox.New(orderPlaced{OrderID: "never"})
-	tx, err := p.pool.Begin(context.Background())
+	tx, err := p.Pool.Begin(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.outbox.Publish(context.Background(), tx, rolledBack); err != nil {
+	if err := p.Outbox.Publish(context.Background(), tx, rolledBack); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(context.Background()); err != nil {
@@ -117,10 +118,10 @@ func TestEndToEnd(t *testing.T) {
 	// the committed events.
 	stop()
 	wg.Wait()
-	if n := p.count(t, "outbox"); n != 0 {
+	if n := p.Count(t, "outbox"); n != 0 {
 		t.Errorf("%d events left in the outbox", n)
 	}
-	if n := p.count(t, "outbox_dead_letters"); n != 0 {
+	if n := p.Count(t, "outbox_dead_letters"); n != 0 {
 		t.Errorf("%d dead letters", n)
 	}
 	if n := streamMsgs(t, d.stream); n != uint64(len(committed)) {
@@ -137,7 +138,7 @@ func TestEndToEnd(t *testing.T) {
 // stores each event once (Nats-Msg-Id), its acks for the re-send say Duplicate, and the
 // consumer receives each event once.
 func TestRelayResendIsDeduplicated(t *testing.T) {
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxnats")
 	_, js := connect(t)
 	d := newDestination(t, js, outboxnats.Topology{}, outboxnats.SenderConfig{})
 	var (
@@ -151,12 +152,12 @@ func TestRelayResendIsDeduplicated(t *testing.T) {
 	})
 	const n = 3
 	for i := range n {
-		p.publish(t, outbox.New(orderPlaced{OrderID: fmt.Sprint(i)}))
+		p.Commit(t, outbox.New(orderPlaced{OrderID: fmt.Sprint(i)}))
 	}
 	ctx := context.Background()
 
 	// The crashed relay: claim with a lease that expires at once, send, never complete.
-	claimed, err := p.outbox.NewStore(p.pool).Claim(ctx, outbox.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: time.Millisecond})
+	claimed, err := p.Outbox.NewStore(p.Pool).Claim(ctx, outbox.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: time.Millisecond})
 	if err != nil || len(claimed) != n {
 		t.Fatalf("claimed %d, %v", len(claimed), err)
 	}
@@ -200,7 +201,7 @@ func TestRelayResendIsDeduplicated(t *testing.T) {
 	if got := streamMsgs(t, d.stream); got != n {
 		t.Errorf("stream holds %d messages, want %d", got, n)
 	}
-	if left := p.count(t, "outbox"); left != 0 {
+	if left := p.Count(t, "outbox"); left != 0 {
 		t.Errorf("%d events left in the outbox", left)
 	}
 	receiveAll(t, d.receiver, n)
@@ -215,7 +216,7 @@ func (blob) EventType() string { return "files.blob" }
 // the relay on its first attempt, with a reason naming the limit; the rest of its batch is
 // delivered.
 func TestOversizeIsDeadLettered(t *testing.T) {
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxnats")
 	nc, js := connect(t)
 	d := newDestination(t, js, outboxnats.Topology{}, outboxnats.SenderConfig{})
 	limit := int(nc.MaxPayload())
@@ -223,15 +224,15 @@ func TestOversizeIsDeadLettered(t *testing.T) {
 	small1 := outbox.New(orderPlaced{OrderID: "before"}, outbox.WithKey("k"))
 	big := outbox.New(blob{Data: strings.Repeat("x", limit)}, outbox.WithKey("big"))
 	small2 := outbox.New(orderPlaced{OrderID: "after"})
-	p.publish(t, small1, big, small2)
+	p.Commit(t, small1, big, small2)
 
 	relay := quietRelay(t, p, d.sender, outbox.RelayConfig{BatchSize: 10})
 	if n, err := relay.RunOnce(context.Background()); err != nil || n != 3 {
 		t.Fatalf("RunOnce = %d, %v; want the 3 events in one claim", n, err)
 	}
 
-	rows, err := p.pool.Query(context.Background(),
-		"SELECT event_id, reason, attempts, stage FROM "+p.schema+".outbox_dead_letters")
+	rows, err := p.Pool.Query(context.Background(),
+		"SELECT event_id, reason, attempts, stage FROM "+p.Schema+".outbox_dead_letters")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +266,7 @@ func TestOversizeIsDeadLettered(t *testing.T) {
 			t.Errorf("reason %q does not name %q", dl.Reason, want)
 		}
 	}
-	if left := p.count(t, "outbox"); left != 0 {
+	if left := p.Count(t, "outbox"); left != 0 {
 		t.Errorf("%d events left in the outbox", left)
 	}
 	got := receiveAll(t, d.receiver, 2)

@@ -8,13 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/txoutbox/outbox"
-	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
@@ -31,13 +28,6 @@ func natsURL() string {
 		return u
 	}
 	return "nats://127.0.0.1:4222"
-}
-
-func pgURL() string {
-	if u := os.Getenv("TXOUTBOX_PG_URL"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 }
 
 // connect opens a NATS connection with JetStream for the test, closed at its end.
@@ -122,66 +112,4 @@ func streamMsgs(t testing.TB, s jetstream.Stream) uint64 {
 		t.Fatal(err)
 	}
 	return info.State.Msgs
-}
-
-// pgOutbox is an outbox in a fresh PostgreSQL schema, dropped at cleanup.
-type pgOutbox struct {
-	pool   *pgxpool.Pool
-	outbox *outboxpgx.Outbox
-	schema string
-}
-
-func newPGOutbox(t testing.TB) *pgOutbox {
-	t.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		outboxtest.RequireService(t, "PostgreSQL at "+pgURL(), err)
-	}
-	schema := "outboxnats_" + unique()
-	o, err := outboxpgx.New(outbox.Tables{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
-	return &pgOutbox{pool: pool, outbox: o, schema: schema}
-}
-
-// publish writes events in one committed transaction.
-func (p *pgOutbox) publish(t testing.TB, events ...outbox.Encodable) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := p.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := p.outbox.Publish(ctx, tx, events...); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (p *pgOutbox) count(t testing.TB, table string) int {
-	t.Helper()
-	var n int
-	if err := p.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+p.schema+"."+table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

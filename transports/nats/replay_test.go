@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
@@ -17,16 +18,16 @@ import (
 func TestRetryDeadLetterReplay(t *testing.T) {
 	t.Parallel()
 	_, js := connect(t)
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxnats")
 	d := newDestination(t, js, outboxnats.Topology{Storage: jetstream.MemoryStorage}, outboxnats.SenderConfig{})
 	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
-		Store: p.outbox.NewStore(p.pool),
+		Store: p.Outbox.NewStore(p.Pool),
 		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
-			p.publish(t, events...)
+			p.Commit(t, events...)
 			return nil
 		},
 		Sender:      d.sender,
 		Receiver:    d.receiver,
-		DeadLetters: p.outbox.NewDeadLetters(p.pool),
+		DeadLetters: p.Outbox.NewDeadLetters(p.Pool),
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	outboxsqs "github.com/txoutbox/outbox/transports/sqs"
 )
 
@@ -59,7 +60,7 @@ func bareEntries(n int) [][]types.SendMessageBatchRequestEntry {
 //	go test -run '^$' -bench RelayToSQS -benchtime 20000x
 func BenchmarkRelayToSQS(b *testing.B) {
 	c := requireSQS(b)
-	p := newPGOutbox(b)
+	p := pgxtest.New(b, "outboxsqs")
 	ctx := context.Background()
 
 	// Warm the emulator up (Node's JIT) so the first path measured is not penalised.
@@ -71,7 +72,7 @@ func BenchmarkRelayToSQS(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	store := p.outbox.NewStore(p.pool)
+	store := p.Outbox.NewStore(p.Pool)
 	newRelay := func(name string) *outbox.Relay {
 		r, err := outbox.NewRelay(store, s, &outbox.RelayConfig{Name: name, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
@@ -103,7 +104,7 @@ func BenchmarkRelayToSQS(b *testing.B) {
 		for i := range events {
 			events[i] = outbox.New(benchPayload)
 		}
-		p.publish(b, events...)
+		p.Commit(b, events...)
 	}
 
 	const round = 2000
@@ -126,7 +127,7 @@ func BenchmarkRelayToSQS(b *testing.B) {
 		timed(3, func() { drain(relays) })
 	}
 	b.StopTimer()
-	if left, dead := p.count(b, "outbox"), p.count(b, "outbox_dead_letters"); left != 0 || dead != 0 {
+	if left, dead := p.Count(b, "outbox"), p.Count(b, "outbox_dead_letters"); left != 0 || dead != 0 {
 		b.Fatalf("%d events left in the outbox and %d dead-lettered, want 0 and 0", left, dead)
 	}
 	rate := func(i int) float64 { return float64(b.N) / spent[i].Seconds() }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxsqs "github.com/txoutbox/outbox/transports/sqs"
 )
@@ -52,7 +53,7 @@ func startRelay(t testing.TB, store outbox.Store, s outbox.Sender, cfg outbox.Re
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	c := requireSQS(t)
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxsqs")
 	url := newQueue(t, c, false)
 	ctx := context.Background()
 
@@ -61,7 +62,7 @@ func TestEndToEnd(t *testing.T) {
 		e := outbox.New(OrderCompleted{Order: fmt.Sprint("o-", i%5), Seq: i}, outbox.WithKey(fmt.Sprint("o-", i%5)),
 			outbox.WithHeader("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"))
 		want[e.ID] = e
-		p.publish(t, e)
+		p.Commit(t, e)
 	}
 	var many []outbox.Encodable // 40 in one transaction: the COPY path
 	for i := range 40 {
@@ -69,14 +70,14 @@ func TestEndToEnd(t *testing.T) {
 		want[e.ID] = e
 		many = append(many, e)
 	}
-	p.publish(t, many...)
+	p.Commit(t, many...)
 
 	rolledBack := outbox.New(OrderCompleted{Order: "never", Seq: -1})
-	tx, err := p.pool.Begin(ctx)
+	tx, err := p.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.outbox.Publish(ctx, tx, rolledBack); err != nil {
+	if err := p.Outbox.Publish(ctx, tx, rolledBack); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -84,7 +85,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	startRelay(t, p.outbox.NewStore(p.pool), s, outbox.RelayConfig{})
+	startRelay(t, p.Outbox.NewStore(p.Pool), s, outbox.RelayConfig{})
 	r := newReceiver(t, c, url)
 	for _, d := range outboxtest.ReceiveN(t, r, len(want), 20*time.Second) {
 		m, err := d.Message()
@@ -115,8 +116,8 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	outboxtest.WaitFor(t, 10*time.Second, "outbox drained", func() bool { return p.count(t, "outbox") == 0 })
-	if n := p.count(t, "outbox_dead_letters"); n != 0 {
+	outboxtest.WaitFor(t, 10*time.Second, "outbox drained", func() bool { return p.Count(t, "outbox") == 0 })
+	if n := p.Count(t, "outbox_dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters, want 0", n)
 	}
 	outboxtest.ExpectNone(t, r, time.Second) // no duplicate, and never the rolled-back event
@@ -127,7 +128,7 @@ func TestEndToEnd(t *testing.T) {
 func TestFIFOPerKeyOrderThroughRelay(t *testing.T) {
 	t.Parallel()
 	c := requireSQS(t)
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxsqs")
 	url := newQueue(t, c, true)
 	const keys, perKey = 5, 20
 	for i := range perKey {
@@ -137,10 +138,10 @@ func TestFIFOPerKeyOrderThroughRelay(t *testing.T) {
 			tx = append(tx, outbox.New(OrderCompleted{Order: key, Seq: i}, outbox.WithKey(key)))
 		}
 		tx = append(tx, outbox.New(OrderCompleted{Order: "", Seq: i})) // keyless: unordered
-		p.publish(t, tx...)
+		p.Commit(t, tx...)
 	}
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	store := p.outbox.NewStore(p.pool)
+	store := p.Outbox.NewStore(p.Pool)
 	startRelay(t, store, s, outbox.RelayConfig{Name: "relay-a", BatchSize: 7})
 	startRelay(t, store, s, outbox.RelayConfig{Name: "relay-b", BatchSize: 7})
 
@@ -229,15 +230,15 @@ func (s *failFirstComplete) Complete(ctx context.Context, token int64, seqs []in
 func TestFIFODedupThroughRelayResend(t *testing.T) {
 	t.Parallel()
 	c := requireSQS(t)
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxsqs")
 	url := newQueue(t, c, true)
 	e := outbox.New(OrderCompleted{Order: "o-1", Seq: 1}, outbox.WithKey("o-1"))
-	p.publish(t, e)
-	store := &failFirstComplete{Store: p.outbox.NewStore(p.pool)}
+	p.Commit(t, e)
+	store := &failFirstComplete{Store: p.Outbox.NewStore(p.Pool)}
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
 	startRelay(t, store, s, outbox.RelayConfig{Lease: time.Second, SendTimeout: 400 * time.Millisecond})
 	outboxtest.WaitFor(t, 15*time.Second, "event sent twice and completed", func() bool {
-		return store.calls.Load() >= 2 && p.count(t, "outbox") == 0
+		return store.calls.Load() >= 2 && p.Count(t, "outbox") == 0
 	})
 	r := newReceiver(t, c, url)
 	if got := receiveIDs(t, r, 1); got[e.ID] != 1 {
@@ -251,7 +252,7 @@ func TestFIFODedupThroughRelayResend(t *testing.T) {
 func TestOversizeEventDeadLettered(t *testing.T) {
 	t.Parallel()
 	c := requireSQS(t)
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxsqs")
 	url := newQueue(t, c, false)
 	big := outbox.New(BlobUploaded{Data: strings.Repeat("x", 300<<10)})
 	small := []outbox.Event[OrderCompleted]{
@@ -259,10 +260,10 @@ func TestOversizeEventDeadLettered(t *testing.T) {
 		outbox.New(OrderCompleted{Order: "b", Seq: 2}, outbox.WithKey("b")),
 		outbox.New(OrderCompleted{Order: "c", Seq: 3}),
 	}
-	p.publish(t, small[0], big, small[1], small[2])
+	p.Commit(t, small[0], big, small[1], small[2])
 
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	relay, err := outbox.NewRelay(p.outbox.NewStore(p.pool), s, &outbox.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
+	relay, err := outbox.NewRelay(p.Outbox.NewStore(p.Pool), s, &outbox.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func TestOversizeEventDeadLettered(t *testing.T) {
 		t.Fatalf("RunOnce = %d, %v; want 4 claimed", n, err)
 	}
 
-	rows, err := p.pool.Query(ctx, "SELECT event_id, reason, attempts, stage FROM "+p.schema+".outbox_dead_letters")
+	rows, err := p.Pool.Query(ctx, "SELECT event_id, reason, attempts, stage FROM "+p.Schema+".outbox_dead_letters")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +298,7 @@ func TestOversizeEventDeadLettered(t *testing.T) {
 		t.Fatalf("dead letters %+v, want only %s, attempts 1, stage relay, reason naming the 256 KiB limit", got, big.ID)
 	}
 	t.Logf("dead letter reason: %s", got[0].reason)
-	if n := p.count(t, "outbox"); n != 0 {
+	if n := p.Count(t, "outbox"); n != 0 {
 		t.Fatalf("%d events left in the outbox, want 0", n)
 	}
 	r := newReceiver(t, c, url)

@@ -14,11 +14,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/txoutbox/outbox"
-	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
@@ -47,13 +44,6 @@ func sqsEndpoint() string {
 		return v
 	}
 	return "http://127.0.0.1:4566"
-}
-
-func pgURL() string {
-	if v := os.Getenv("TXOUTBOX_PG_URL"); v != "" {
-		return v
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 }
 
 // newClient returns an SQS client for the emulator with static test credentials, never the
@@ -118,70 +108,4 @@ func newQueue(t testing.TB, c *sqs.Client, fifo bool) string {
 		}
 	})
 	return *out.QueueUrl
-}
-
-// pgOutbox is an outbox in a schema of its own, dropped when the test ends.
-type pgOutbox struct {
-	pool   *pgxpool.Pool
-	outbox *outboxpgx.Outbox
-	schema string
-}
-
-func newPGOutbox(t testing.TB) *pgOutbox {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, pgURL())
-	if err == nil {
-		err = pool.Ping(ctx)
-		if err != nil {
-			pool.Close()
-		}
-	}
-	outboxtest.RequireService(t, "PostgreSQL at "+pgURL(), err)
-	schema := strings.ToLower(strings.ReplaceAll("sqs_"+uniqueName(t, 50), "-", "_"))
-	o, err := outboxpgx.New(outbox.Tables{Schema: schema})
-	if err != nil {
-		pool.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-		pool.Close()
-	})
-	if err := o.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	return &pgOutbox{pool: pool, outbox: o, schema: schema}
-}
-
-// publish writes events in one committed transaction.
-func (p *pgOutbox) publish(t testing.TB, events ...outbox.Encodable) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := p.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := p.outbox.Publish(ctx, tx, events...); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// count returns the rows of one of the outbox's tables ("outbox", "outbox_dead_letters").
-func (p *pgOutbox) count(t testing.TB, table string) int {
-	t.Helper()
-	var n int
-	if err := p.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+p.schema+"."+table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

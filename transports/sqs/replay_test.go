@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxsqs "github.com/txoutbox/outbox/transports/sqs"
 )
@@ -24,16 +25,16 @@ func TestRetryDeadLetterReplay(t *testing.T) {
 
 func testRetryDeadLetterReplay(t *testing.T, fifo bool) {
 	c := requireSQS(t)
-	p := newPGOutbox(t)
+	p := pgxtest.New(t, "outboxsqs")
 	url := newQueue(t, c, fifo)
 	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
-		Store: p.outbox.NewStore(p.pool),
+		Store: p.Outbox.NewStore(p.Pool),
 		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
-			p.publish(t, events...)
+			p.Commit(t, events...)
 			return nil
 		},
 		Sender:      newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url}),
 		Receiver:    newReceiver(t, c, url),
-		DeadLetters: p.outbox.NewDeadLetters(p.pool),
+		DeadLetters: p.Outbox.NewDeadLetters(p.Pool),
 	})
 }

@@ -1,0 +1,112 @@
+// Package pgxtest gives each test an outbox of its own in PostgreSQL: a fresh schema,
+// migrated, and dropped when the test ends, so tests run in parallel against one server.
+// txoutbox's transport tests use it; it serves the tests of applications as well:
+//
+//	func TestCheckoutPublishes(t *testing.T) {
+//		o := pgxtest.New(t, "checkout") // schema checkout_<random>, migrated
+//		o.Commit(t, outbox.New(OrderPlaced{ID: "o-1"}, outbox.WithKey("o-1")))
+//		relay, err := outbox.NewRelay(o.NewStore(o.Pool), sender, nil)
+//		…
+//		outboxtest.WaitFor(t, 10*time.Second, "the outbox to drain", func() bool {
+//			return o.Count(t, "outbox") == 0
+//		})
+//	}
+package pgxtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txoutbox/outbox"
+	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/outboxtest"
+)
+
+// DefaultURL is the server the tests use unless $TXOUTBOX_PG_URL names another.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// URL returns $TXOUTBOX_PG_URL, or DefaultURL.
+func URL() string {
+	if u := os.Getenv("TXOUTBOX_PG_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Outbox is an outbox in a schema of its own, with the pool it was created on.
+type Outbox struct {
+	*outboxpgx.Outbox
+	Pool   *pgxpool.Pool
+	Schema string // prefix_<random hex>
+}
+
+// New connects to URL(), creates and migrates the schema prefix_<random hex> (prefix must
+// be a plain lower-case identifier), and drops it and closes the pool when t ends. An
+// unreachable server is outboxtest.RequireService's business: a failure when $CI is set, a
+// skip otherwise.
+func New(t testing.TB, prefix string) *Outbox {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, URL())
+	if err == nil {
+		if err = pool.Ping(ctx); err != nil {
+			pool.Close()
+		}
+	}
+	outboxtest.RequireService(t, "PostgreSQL at "+URL(), err)
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	schema := prefix + "_" + hex.EncodeToString(suffix)
+	o, err := outboxpgx.New(outbox.Tables{Schema: schema})
+	if err != nil {
+		pool.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+		pool.Close()
+	})
+	if err := o.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return &Outbox{Outbox: o, Pool: pool, Schema: schema}
+}
+
+// Commit publishes events in one committed transaction, failing t on any error.
+func (o *Outbox) Commit(t testing.TB, events ...outbox.Encodable) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := o.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := o.Publish(ctx, tx, events...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Count returns the number of rows in one of the schema's tables: "outbox",
+// "outbox_dead_letters", "outbox_inbox", or one the test created.
+func (o *Outbox) Count(t testing.TB, table string) int {
+	t.Helper()
+	var n int
+	if err := o.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+o.Schema+"."+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
