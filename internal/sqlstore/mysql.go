@@ -253,8 +253,9 @@ type mysqlCandidate struct {
 // a locking read: MariaDB extends a statement's FOR UPDATE SKIP LOCKED to its subqueries, so
 // the per-key check would skip an earlier row that a write-back holds, and let a later row of
 // its key overtake it. At READ COMMITTED the read sees every committed claim (claims are
-// serialised by the lock row), and until this claim commits, concurrent write-backs can only
-// unblock keys, never block one, so the picked rows stay safe to lease.
+// serialised by the lock row). A write-back may still change a picked row before it is
+// locked (a relay whose lease expired rescheduling it): the locking read re-checks each row,
+// and mysqlClaim drops the later candidates of a key whose earlier row did not come back.
 func mysqlCandidates(ctx context.Context, s *leaseStore, q Querier, limit int) ([]mysqlCandidate, error) {
 	rows, err := q.Query(ctx, `SELECT c.seq, c.`+"`key`"+`
   FROM `+s.n.Outbox+` AS c
