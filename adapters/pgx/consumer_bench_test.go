@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
@@ -27,7 +28,7 @@ func BenchmarkConsumer(b *testing.B) {
 	ctx := context.Background()
 	effects := o.schema + ".effects"
 	// Enough connections for the handlers in flight (pgxpool's default is 4 on 2 cores).
-	pool, err := pgxpool.New(ctx, pgURL()+"&pool_max_conns=32")
+	pool, err := pgxpool.New(ctx, pgxtest.URL()+"&pool_max_conns=32")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -198,6 +198,8 @@ type groupRig struct {
 	queued  func() int
 	gated   chan struct{} // closed when h blocks on the gate event
 	release chan struct{}
+	// gateResult is the gate call's result, once hold started it.
+	gateResult <-chan error
 
 	mu    sync.Mutex
 	calls map[int]int // h calls per N
@@ -261,22 +263,38 @@ func (r *groupRig) callsOf(n int) int {
 	return r.calls[n]
 }
 
-// lineUp starts the gate call, waits until it blocks in h, then starts a call for each of ns
-// and waits until they all queue behind it.
-func (r *groupRig) lineUp(t *testing.T, ns ...int) (gateResult <-chan error, results map[int]<-chan error) {
+// hold starts the gate call and waits until it blocks in h: calls made now queue behind it.
+func (r *groupRig) hold(t *testing.T) {
 	t.Helper()
-	gateResult = r.call(context.Background(), gate)
+	r.gateResult = r.call(context.Background(), gate)
 	select {
 	case <-r.gated:
 	case <-time.After(waitLimit):
 		t.Fatal("the gate call never reached its handler")
 	}
-	results = map[int]<-chan error{}
+}
+
+// open lets the gate call finish, so the calls queued behind it run.
+func (r *groupRig) open(t *testing.T) {
+	t.Helper()
+	close(r.release)
+	if err := result(t, r.gateResult); err != nil {
+		t.Fatalf("gate: %v", err)
+	}
+}
+
+// batch holds the gate, queues a call for each of ns behind it, opens the gate, and returns
+// the calls' results.
+func (r *groupRig) batch(t *testing.T, ns ...int) map[int]<-chan error {
+	t.Helper()
+	r.hold(t)
+	results := map[int]<-chan error{}
 	for _, n := range ns {
 		results[n] = r.call(context.Background(), n)
 	}
 	outboxtest.WaitFor(t, waitLimit, "the calls to queue behind the gate", func() bool { return r.queued() == len(ns) })
-	return gateResult, results
+	r.open(t)
+	return results
 }
 
 func result(t *testing.T, ch <-chan error) error {
@@ -303,11 +321,7 @@ func (r *groupRig) effectsOf(t *testing.T, n int) int {
 func TestGroupedBatchWithAFailingEvent(t *testing.T) {
 	r := newGroupRig(t, 0)
 	ns := []int{1, 2, 3, 4, poison, 5, 6, 7, 8, 9}
-	gateResult, results := r.lineUp(t, ns...)
-	close(r.release)
-	if err := result(t, gateResult); err != nil {
-		t.Fatalf("gate: %v", err)
-	}
+	results := r.batch(t, ns...)
 	for _, n := range ns {
 		err := result(t, results[n])
 		if n == poison {
@@ -340,11 +354,7 @@ func TestGroupedBatchWithAFailingEvent(t *testing.T) {
 func TestGroupedBatchWithAPanic(t *testing.T) {
 	r := newGroupRig(t, 0)
 	ns := []int{1, 2, panicky, 3}
-	gateResult, results := r.lineUp(t, ns...)
-	close(r.release)
-	if err := result(t, gateResult); err != nil {
-		t.Fatalf("gate: %v", err)
-	}
+	results := r.batch(t, ns...)
 	for _, n := range ns {
 		err := result(t, results[n])
 		switch {
@@ -367,11 +377,7 @@ func TestGroupedBatchWithAPanic(t *testing.T) {
 func TestGroupedBatchesHandOff(t *testing.T) {
 	r := newGroupRig(t, 3)
 	ns := []int{1, 2, 3, 4, 5, 6, 7, 8}
-	gateResult, results := r.lineUp(t, ns...)
-	close(r.release)
-	if err := result(t, gateResult); err != nil {
-		t.Fatalf("gate: %v", err)
-	}
+	results := r.batch(t, ns...)
 	for _, n := range ns {
 		if err := result(t, results[n]); err != nil {
 			t.Fatalf("event %d: %v", n, err)
@@ -388,12 +394,7 @@ func TestGroupedBatchesHandOff(t *testing.T) {
 func TestGroupedCancelWhileQueued(t *testing.T) {
 	r := newGroupRig(t, 0)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	gateResult := r.call(context.Background(), gate)
-	select {
-	case <-r.gated:
-	case <-time.After(waitLimit):
-		t.Fatal("the gate call never reached its handler")
-	}
+	r.hold(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cancelled := r.call(ctx, 1) // the head of the queue: the next leader
@@ -408,10 +409,7 @@ func TestGroupedCancelWhileQueued(t *testing.T) {
 	if got := r.queued(); got != 1 {
 		t.Fatalf("%d calls queued after the cancellation, want 1", got)
 	}
-	close(r.release)
-	if err := result(t, gateResult); err != nil {
-		t.Fatalf("gate: %v", err)
-	}
+	r.open(t)
 	if err := result(t, behind); err != nil {
 		t.Fatalf("the call behind the cancelled one: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
@@ -40,7 +41,7 @@ func (s tableSender) Send(ctx context.Context, msgs []outbox.Message) error {
 func runChildRelay() {
 	ctx := context.Background()
 	schema := os.Getenv(childEnv)
-	pool, err := pgxpool.New(ctx, pgURL())
+	pool, err := pgxpool.New(ctx, pgxtest.URL())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

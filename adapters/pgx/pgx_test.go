@@ -2,8 +2,6 @@ package outboxpgx_test
 
 import (
 	"context"
-	"fmt"
-	"math/rand/v2"
 	"os"
 	"testing"
 
@@ -13,6 +11,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
@@ -21,13 +20,6 @@ func TestMain(m *testing.M) {
 		runChildRelay() // the SIGKILL test's relay process; never returns
 	}
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
-}
-
-func pgURL() string {
-	if u := os.Getenv("TXOUTBOX_PG_URL"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 }
 
 // testOutbox is an outbox in a schema of its own, dropped when the test ends.
@@ -39,25 +31,8 @@ type testOutbox struct {
 
 func newTestOutbox(t testing.TB) *testOutbox {
 	t.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgURL())
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	outboxtest.RequireService(t, "PostgreSQL", err)
-	schema := fmt.Sprintf("t_%x", rand.Uint64())
-	o, err := outboxpgx.New(outbox.Tables{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
-		pool.Close()
-	})
-	return &testOutbox{Outbox: o, pool: pool, schema: schema}
+	o := pgxtest.New(t, "t")
+	return &testOutbox{Outbox: o.Outbox, pool: o.Pool, schema: o.Schema}
 }
 
 func (o *testOutbox) fixture() *outboxtest.StoreFixture {

@@ -261,9 +261,6 @@ type ledger struct {
 // them; the quiet crash is then repeated, up to three times. The last crash comes while the
 // producers are busy, to catch commits in flight.
 func TestPostgresCrashRestartLosesNothing(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts and crashes a PostgreSQL server")
-	}
 	began := time.Now()
 	srv := startPrivatePostgres(t)
 	ctx := context.Background()

@@ -35,6 +35,11 @@ type InboxKey struct {
 // arrays, so q must be a pgx connection or transaction (database/sql drivers generally
 // cannot bind []string).
 func PostgresRecordInboxMany(ctx context.Context, q Querier, n *Names, keys []InboxKey) (fresh []bool, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("recording %d events in the inbox: %w", len(keys), err)
+		}
+	}()
 	fresh = make([]bool, len(keys))
 	first := make(map[InboxKey]int, len(keys)) // a key → its first index in keys
 	for i, k := range keys {
@@ -56,26 +61,23 @@ func PostgresRecordInboxMany(ctx context.Context, q Querier, n *Names, keys []In
 SELECT c, id::uuid FROM unnest($1::text[], $2::text[]) AS t(c, id)
 ON CONFLICT DO NOTHING RETURNING consumer, event_id::text`, consumers, ids)
 	if err != nil {
-		return nil, fmt.Errorf("recording %d events in the inbox: %w", len(keys), err)
+		return nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var k InboxKey
 		var id string
 		if err := rows.Scan(&k.Consumer, &id); err != nil {
-			return nil, fmt.Errorf("recording %d events in the inbox: %w", len(keys), err)
+			return nil, err
 		}
 		if k.EventID, err = uuid.Parse(id); err != nil {
-			return nil, fmt.Errorf("recording %d events in the inbox: %w", len(keys), err)
+			return nil, err
 		}
 		if i, ok := first[k]; ok {
 			fresh[i] = true
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("recording %d events in the inbox: %w", len(keys), err)
-	}
-	return fresh, nil
+	return fresh, rows.Err()
 }
 
 func (postgres) SeenInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error) {

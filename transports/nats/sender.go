@@ -197,11 +197,6 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	failed := map[int]error{}
 	queue := make([]inflight, 0, min(len(msgs), s.cfg.MaxPending))
 	var stop error // once set, the rest of the batch is not published
-	// Batches mostly repeat a few types: route each run of one type once.
-	var (
-		lastType, lastSubj string
-		routed             bool
-	)
 	stopped := 0
 	for i, m := range msgs {
 		if stop == nil && ctx.Err() != nil {
@@ -212,15 +207,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			stopped++
 			continue
 		}
-		if !routed || m.Type != lastType || s.cfg.Subject != nil {
-			subj, err := s.SubjectFor(m)
-			if err != nil { // names m: not reused for the next message
-				failed[i], routed = err, false
-				continue
-			}
-			lastType, lastSubj, routed = m.Type, subj, true
-		}
-		nm, err := s.encode(m, lastSubj, limit, limitName)
+		nm, err := s.encode(m, limit, limitName)
 		if err != nil {
 			failed[i] = err
 			continue
@@ -264,22 +251,16 @@ func (s *Sender) settle(ctx context.Context, msgs []outbox.Message, p inflight, 
 		ack *jetstream.PubAck
 		err error
 	)
-	// An ack that already arrived wins over an ended context. Asking for the ack alone first
-	// spares the future's error channel in the common case.
-	select {
+	select { // an ack that already arrived wins over an ended context
 	case ack = <-p.ack.Ok():
+	case err = <-p.ack.Err():
 	default:
 		select {
 		case ack = <-p.ack.Ok():
 		case err = <-p.ack.Err():
-		default:
-			select {
-			case ack = <-p.ack.Ok():
-			case err = <-p.ack.Err():
-			case <-ctx.Done():
-				failed[p.index] = fmt.Errorf("outboxnats: no ack from the stream for message %s on %s: %w", m.ID, p.subj, ctx.Err())
-				return
-			}
+		case <-ctx.Done():
+			failed[p.index] = fmt.Errorf("outboxnats: no ack from the stream for message %s on %s: %w", m.ID, p.subj, ctx.Err())
+			return
 		}
 	}
 	if err != nil {
@@ -303,39 +284,25 @@ func ackError(m outbox.Message, subj string, err error) error {
 	return fmt.Errorf("outboxnats: the stream did not store message %s on %s: %w", m.ID, subj, err)
 }
 
-// ceID is the header carrying the CloudEvents id, which Nats-Msg-Id repeats.
-const ceID = cloudevents.HeaderPrefix + "id"
-
-// encode turns m, routed to subj, into a NATS message in CloudEvents binary mode, checking
-// that it fits.
-func (s *Sender) encode(m outbox.Message, subj string, limit int, limitName string) (*nats.Msg, error) {
-	// Headers go straight into one nats.Header, values sharing one backing array (it wants
-	// a slice per key), sized as they go: this runs once per message.
-	n := 7 + len(m.Headers) // 6 CloudEvents attributes, Nats-Msg-Id; a map of ≤ 8 is cheapest
-	if m.Key != "" {
-		n++
+// encode turns m into a NATS message in CloudEvents binary mode, checking that it fits.
+func (s *Sender) encode(m outbox.Message, limit int, limitName string) (*nats.Msg, error) {
+	subj, err := s.SubjectFor(m)
+	if err != nil {
+		return nil, err
 	}
-	if s.cfg.Stream != "" {
-		n++
-	}
+	// Headers go straight into one nats.Header (no intermediate map), the values sharing one
+	// backing array: nats.Header wants a slice per key. This runs once per message.
+	n := 8 + len(m.Headers) // 6 CloudEvents attributes, key, Nats-Msg-Id, expected stream
 	h := make(nats.Header, n)
 	vals := make([]string, 0, n)
-	hs := len("NATS/1.0\r\n") + len("\r\n")
 	set := func(k, v string) {
 		vals = append(vals, v)
 		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
-		hs += len(k) + len(": ") + len(v) + len("\r\n")
 	}
-	var (
-		id     string
-		unsafe error
-	)
+	var unsafe error
 	if err := cloudevents.EachBinary(m, s.cfg.Source, func(k, v string) {
 		if unsafe == nil && !headerSafe(v) {
 			unsafe = outbox.Permanent(fmt.Errorf("outboxnats: message %s: header %s value %q cannot travel in a NATS header (leading or trailing space, or a line break)", m.ID, k, v))
-		}
-		if k == ceID {
-			id = v
 		}
 		set(k, v)
 	}); err != nil {
@@ -344,19 +311,30 @@ func (s *Sender) encode(m outbox.Message, subj string, limit int, limitName stri
 	if unsafe != nil {
 		return nil, unsafe
 	}
-	if m.Headers[outbox.ReplayHeader] == "" {
-		set(jetstream.MsgIDHeader, id) // = m.DedupID(), without formatting the ID again
-	} else {
-		set(jetstream.MsgIDHeader, m.DedupID())
-	}
+	set(jetstream.MsgIDHeader, m.DedupID())
 	if s.cfg.Stream != "" {
 		set(jetstream.ExpectedStreamHeader, s.cfg.Stream)
 	}
-	if limit > 0 && hs+len(m.Body) > limit {
+	if hs := headerSize(h); limit > 0 && hs+len(m.Body) > limit {
 		return nil, fmt.Errorf("outboxnats: message %s is %d bytes (body %d + headers %d), over %s of %s: %w",
 			m.ID, hs+len(m.Body), len(m.Body), hs, limitName, formatBytes(limit), outbox.ErrTooLarge)
 	}
 	return &nats.Msg{Subject: subj, Header: h, Data: m.Body}, nil
+}
+
+// headerSize is the size of h on the wire, as the server counts it against max_payload:
+// "NATS/1.0\r\n", a "key: value\r\n" line per value, and a closing "\r\n".
+func headerSize(h nats.Header) int {
+	if len(h) == 0 {
+		return 0
+	}
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
 }
 
 // headerSafe reports whether v survives a NATS header unchanged: nats.go trims surrounding
