@@ -120,3 +120,33 @@ func (e *BatchError) Unwrap() []error {
 // ErrMalformed is wrapped by [Delivery.Message] for broker messages that are not a valid
 // envelope (not CloudEvents, no ID, no type, a body that cannot be read).
 var ErrMalformed = errors.New("outbox: malformed message")
+
+// MalformedError is the error a transport's [Delivery.Message] returns for a broker message
+// that is not a valid event. It wraps [ErrMalformed] and keeps everything that arrived, so
+// the consumer's dead letter preserves the evidence even after the message is acknowledged.
+type MalformedError struct {
+	// Partial is what could be read of the envelope: any of ID, Type, Key, Headers,
+	// ContentType and CreatedAt that parsed (zero where they did not), and the body as far
+	// as it was decoded (the raw body when it could not be).
+	Partial Message
+	// BrokerMessageID is the broker's own identity of the message (SQS MessageId, Azure
+	// Queue message ID, JetStream stream sequence…), for finding it in the broker's logs.
+	BrokerMessageID string
+	// Attributes are the message's headers or attributes exactly as received.
+	Attributes map[string]string
+	// Body is the message body exactly as received, before any decoding.
+	Body []byte
+	// Err says what is wrong.
+	Err error
+}
+
+// Error describes the problem and the broker message.
+func (e *MalformedError) Error() string {
+	if e.BrokerMessageID != "" {
+		return fmt.Sprintf("%v: broker message %s: %v", ErrMalformed, e.BrokerMessageID, e.Err)
+	}
+	return fmt.Sprintf("%v: %v", ErrMalformed, e.Err)
+}
+
+// Unwrap returns ErrMalformed and the underlying error, so errors.Is(err, ErrMalformed) holds.
+func (e *MalformedError) Unwrap() []error { return []error{ErrMalformed, e.Err} }

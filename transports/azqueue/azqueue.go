@@ -25,7 +25,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/internal/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 // MaxTextBytes is the Azure Queue Storage limit on a message's text, in UTF-8 bytes after
@@ -103,7 +103,7 @@ func checkQueueName(name string) error {
 // encode returns m's queue message text, or a permanent error (wrapping outbox.ErrTooLarge
 // when it is over the limit) before anything is sent.
 func encode(m outbox.Message, source string, enc Encoding) (string, error) {
-	doc, err := cloudevents.ToStructured(m, source)
+	doc, err := outboxce.ToStructured(m, source)
 	if err != nil {
 		return "", outbox.Permanent(fmt.Errorf("outboxazqueue: message %s cannot be encoded as a CloudEvent: %w", m.ID, err))
 	}
@@ -153,11 +153,11 @@ func xmlSafe(doc []byte) (string, error) {
 func decode(text string) (outbox.Message, error) {
 	s := strings.TrimLeft(text, " \t\r\n")
 	if strings.HasPrefix(s, "{") {
-		return cloudevents.FromStructured([]byte(s))
+		return outboxce.FromStructured([]byte(s))
 	}
 	doc, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
 	if err != nil {
 		return outbox.Message{}, fmt.Errorf("%w: the text is neither a JSON CloudEvent nor base64 (%v)", outbox.ErrMalformed, err)
 	}
-	return cloudevents.FromStructured(doc)
+	return outboxce.FromStructured(doc)
 }

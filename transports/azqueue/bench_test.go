@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/internal/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 )
 
@@ -29,7 +29,7 @@ func BenchmarkRelayVsBareClient(b *testing.B) {
 			q := client.NewQueueClient(newQueue(b, client))
 			texts := make([]string, b.N)
 			for i := range texts {
-				doc, err := cloudevents.ToStructured(benchEvent(i), "")
+				doc, err := outboxce.ToStructured(benchEvent(i), "")
 				if err != nil {
 					b.Fatal(err)
 				}

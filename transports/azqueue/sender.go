@@ -14,7 +14,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azqueue/v2/queueerror"
 
 	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/internal/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 // SenderConfig configures a [Sender]. DefaultQueue or Routes must be set; every other field
@@ -52,7 +52,7 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out.Concurrency = 10
 	}
 	if out.Source == "" {
-		out.Source = cloudevents.DefaultSource
+		out.Source = outboxce.DefaultSource
 	}
 	return &out
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/internal/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 // ReceiverConfig configures a [Receiver]. The zero value (or nil) means the defaults below.
@@ -190,11 +190,11 @@ func (r *Receiver) newDelivery(msg jetstream.Msg) *delivery {
 	hs := msg.Headers()
 	attrs := make(map[string]string, len(hs))
 	for k, vs := range hs {
-		if len(vs) > 0 && (strings.HasPrefix(k, cloudevents.HeaderPrefix) || strings.EqualFold(k, cloudevents.ContentTypeHeader)) {
+		if len(vs) > 0 && (strings.HasPrefix(k, outboxce.HeaderPrefix) || strings.EqualFold(k, outboxce.ContentTypeHeader)) {
 			attrs[k] = vs[0]
 		}
 	}
-	d.m, d.err = cloudevents.FromBinary(attrs, msg.Data())
+	d.m, d.err = outboxce.FromBinary(attrs, msg.Data())
 	if d.err != nil {
 		d.err = fmt.Errorf("outboxnats: %s on subject %s: %w", d.describe(), msg.Subject(), d.err)
 	}

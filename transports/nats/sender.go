@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/internal/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 // DefaultSubjectPrefix is the subject prefix a [Sender] uses when its config names none:
@@ -57,7 +57,7 @@ func (c *SenderConfig) withDefaults() SenderConfig {
 		out.SubjectPrefix = DefaultSubjectPrefix
 	}
 	if out.Source == "" {
-		out.Source = cloudevents.DefaultSource
+		out.Source = outboxce.DefaultSource
 	}
 	if out.MaxPending == 0 {
 		out.MaxPending = 1000
@@ -300,7 +300,7 @@ func (s *Sender) encode(m outbox.Message, limit int, limitName string) (*nats.Ms
 		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
 	var unsafe error
-	if err := cloudevents.EachBinary(m, s.cfg.Source, func(k, v string) {
+	if err := outboxce.EachBinary(m, s.cfg.Source, func(k, v string) {
 		if unsafe == nil && !headerSafe(v) {
 			unsafe = outbox.Permanent(fmt.Errorf("outboxnats: message %s: header %s value %q cannot travel in a NATS header (leading or trailing space, or a line break)", m.ID, k, v))
 		}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/txoutbox/outbox/internal/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 const (
@@ -67,7 +67,7 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out.Routes = maps.Clone(c.Routes)
 	}
 	if out.Source == "" {
-		out.Source = cloudevents.DefaultSource
+		out.Source = outboxce.DefaultSource
 	}
 	if out.MaxMessageBytes == 0 {
 		out.MaxMessageBytes = DefaultMaxMessageBytes

@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/internal/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 const (
@@ -27,25 +27,25 @@ const (
 	emptyBody  = "-" // SQS needs a body of at least one character
 	// txHeadersAttr is the wire format's extension for headers that are not attributes;
 	// headers that do not fit in SQS's attributes are folded into it.
-	txHeadersAttr = cloudevents.HeaderPrefix + "txheaders"
+	txHeadersAttr = outboxce.HeaderPrefix + "txheaders"
 	stringType    = "String"
 )
 
 // coreAttrs are the binary-mode attributes that always stay attributes.
 var coreAttrs = map[string]bool{
-	cloudevents.HeaderPrefix + "specversion":  true,
-	cloudevents.HeaderPrefix + "id":           true,
-	cloudevents.HeaderPrefix + "type":         true,
-	cloudevents.HeaderPrefix + "source":       true,
-	cloudevents.HeaderPrefix + "time":         true,
-	cloudevents.HeaderPrefix + "partitionkey": true,
-	cloudevents.ContentTypeHeader:             true,
-	txHeadersAttr:                             true,
+	outboxce.HeaderPrefix + "specversion":  true,
+	outboxce.HeaderPrefix + "id":           true,
+	outboxce.HeaderPrefix + "type":         true,
+	outboxce.HeaderPrefix + "source":       true,
+	outboxce.HeaderPrefix + "time":         true,
+	outboxce.HeaderPrefix + "partitionkey": true,
+	outboxce.ContentTypeHeader:             true,
+	txHeadersAttr:                          true,
 }
 
 // firstExtensions keep their own attribute before any other header: W3C trace context,
 // which CloudEvents' distributed-tracing extension and other SDKs read.
-var firstExtensions = []string{cloudevents.HeaderPrefix + "traceparent", cloudevents.HeaderPrefix + "tracestate"}
+var firstExtensions = []string{outboxce.HeaderPrefix + "traceparent", outboxce.HeaderPrefix + "tracestate"}
 
 // wireMessage is one message as SQS will see it.
 type wireMessage struct {
@@ -70,7 +70,7 @@ func encode(m outbox.Message, source string) (wireMessage, error) {
 			return wireMessage{}, fmt.Errorf("message %s: header %q is not valid UTF-8", m.ID, k)
 		}
 	}
-	h, err := cloudevents.ToBinary(m, source)
+	h, err := outboxce.ToBinary(m, source)
 	if err != nil {
 		return wireMessage{}, fmt.Errorf("encoding message %s as a CloudEvent: %w", m.ID, err)
 	}
@@ -143,7 +143,7 @@ func foldHeaders(h map[string]string, slots int) error {
 		}
 	}
 	for _, name := range fold {
-		other[strings.TrimPrefix(name, cloudevents.HeaderPrefix)] = h[name]
+		other[strings.TrimPrefix(name, outboxce.HeaderPrefix)] = h[name]
 		delete(h, name)
 	}
 	b, err := json.Marshal(other)
@@ -180,7 +180,7 @@ func decode(msg types.Message) (outbox.Message, error) {
 	default:
 		return outbox.Message{}, fmt.Errorf("%w: attribute %s has the unknown value %q", outbox.ErrMalformed, bodyAttr, enc)
 	}
-	return cloudevents.FromBinary(h, body)
+	return outboxce.FromBinary(h, body)
 }
 
 // validText reports whether SQS accepts s in a body or attribute: UTF-8 of the XML 1.0

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -12,7 +11,6 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
-	"github.com/txoutbox/outbox/deadletter"
 )
 
 // stdConsumer is the inbox and dead-letter SQL of the dialects written with '?' placeholders
@@ -123,126 +121,6 @@ func (sqliteDialect) PruneInbox(ctx context.Context, q Querier, n *Names, olderT
 	}
 	return count, rows.Err()
 }
-
-func (mysqlDialect) DeadLetters(db DB, n *Names) deadletter.Table {
-	return &stdDeadLetters{c: mysqlConsumer, db: db, n: n}
-}
-
-func (sqliteDialect) DeadLetters(db DB, n *Names) deadletter.Table {
-	return &stdDeadLetters{c: sqliteConsumer, db: db, n: n}
-}
-
-// stdDeadLetters is the dead-letter table of MySQL and SQLite.
-type stdDeadLetters struct {
-	c  stdConsumer
-	db DB
-	n  *Names
-}
-
-// columns are the dead-letter columns in scanDeadLetters order.
-func (t *stdDeadLetters) columns() string {
-	return `id, event_id, event_type, event_key, ` + t.c.headers + `, content_type, body, created_at,
-       stage, consumer, reason, attempts, first_failed_at, last_failed_at, status,
-       COALESCE(status_changed_at, '1970-01-01 00:00:00')`
-}
-
-func (t *stdDeadLetters) Add(ctx context.Context, e deadletter.Entry) error {
-	m := e.Message
-	if m.CreatedAt.IsZero() {
-		m.CreatedAt = time.Now().UTC()
-	}
-	args := messageArgs(m)
-	if t.c.d == SQLite {
-		args[6] = m.CreatedAt.UTC().Format(sqliteTime)
-	}
-	args = append(args, string(e.Stage), e.Consumer, e.Reason, e.Attempts,
-		t.c.failTime(e.FirstFailedAt), t.c.failTime(e.LastFailedAt))
-	return t.db.Exec(ctx, `INSERT INTO `+t.n.DeadLetters+` (event_id, event_type, event_key, headers, content_type,
-    body, created_at, stage, consumer, reason, attempts, first_failed_at, last_failed_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
-}
-
-func (t *stdDeadLetters) List(ctx context.Context, f deadletter.Filter) ([]deadletter.Entry, error) {
-	where, args, limit := listWhere(f, t.c.failTime)
-	args = append(args, limit)
-	rows, err := t.db.Query(ctx, "SELECT "+t.columns()+" FROM "+t.n.DeadLetters+
-		" WHERE "+strings.Join(where, " AND ")+" ORDER BY id LIMIT ?", args...)
-	if err != nil {
-		return nil, err
-	}
-	return scanDeadLetters(textTimeRows{rows})
-}
-
-func (t *stdDeadLetters) Get(ctx context.Context, id int64) (deadletter.Entry, error) {
-	return t.get(ctx, t.db, id)
-}
-
-func (t *stdDeadLetters) get(ctx context.Context, q Querier, id int64) (deadletter.Entry, error) {
-	rows, err := q.Query(ctx, "SELECT "+t.columns()+" FROM "+t.n.DeadLetters+" WHERE id = ?", id)
-	if err != nil {
-		return deadletter.Entry{}, err
-	}
-	es, err := scanDeadLetters(textTimeRows{rows})
-	if err != nil {
-		return deadletter.Entry{}, err
-	}
-	if len(es) == 0 {
-		return deadletter.Entry{}, fmt.Errorf("%w: %d", deadletter.ErrNotFound, id)
-	}
-	return es[0], nil
-}
-
-// pending locks entry id for the rest of q's transaction and returns it if it is pending.
-// The lock is a write that changes nothing: on MySQL it locks the row, on SQLite it takes
-// the database's write lock before the read, so the read cannot go stale.
-func (t *stdDeadLetters) pending(ctx context.Context, q Querier, id int64) (deadletter.Entry, error) {
-	if err := q.Exec(ctx, "UPDATE "+t.n.DeadLetters+" SET status = status WHERE id = ?", id); err != nil {
-		return deadletter.Entry{}, err
-	}
-	e, err := t.get(ctx, q, id)
-	if err != nil {
-		return e, err
-	}
-	if e.Status != deadletter.StatusPending {
-		return e, fmt.Errorf("%w: dead letter %d is %s", deadletter.ErrNotPending, id, e.Status)
-	}
-	return e, nil
-}
-
-func (t *stdDeadLetters) Replay(ctx context.Context, id int64) error {
-	return t.db.InTx(ctx, func(q Querier) error {
-		e, err := t.pending(ctx, q, id)
-		if err != nil {
-			return err
-		}
-		m, err := forReplay(id, e.Message)
-		if err != nil {
-			return err
-		}
-		if err := t.c.d.Insert(ctx, q, t.n, []outbox.Message{m}); err != nil {
-			return fmt.Errorf("deadletter: replaying %d into the outbox: %w", id, err)
-		}
-		return t.setStatus(ctx, q, id, deadletter.StatusReplayed)
-	})
-}
-
-func (t *stdDeadLetters) Discard(ctx context.Context, id int64) error {
-	return t.db.InTx(ctx, func(q Querier) error {
-		if _, err := t.pending(ctx, q, id); err != nil {
-			return err
-		}
-		return t.setStatus(ctx, q, id, deadletter.StatusDiscarded)
-	})
-}
-
-func (t *stdDeadLetters) setStatus(ctx context.Context, q Querier, id int64, s deadletter.Status) error {
-	return q.Exec(ctx, "UPDATE "+t.n.DeadLetters+" SET status = ?, status_changed_at = "+t.c.now+" WHERE id = ?", string(s), id)
-}
-
-var (
-	_ ConsumerDialect = mysqlDialect{}
-	_ ConsumerDialect = sqliteDialect{}
-)
 
 // RecordInbox records event id for the consumer named in ctx (consumer.InfoFrom) in n's
 // inbox, inside q, the transaction of an idempotent handler of the database/sql-based

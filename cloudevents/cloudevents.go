@@ -1,14 +1,15 @@
-// Package cloudevents is txoutbox's wire format: CloudEvents 1.0 in binary mode (attributes
+// Package outboxce is txoutbox's wire format: CloudEvents 1.0 in binary mode (attributes
 // as broker headers, the payload as the body) for brokers with headers, and in structured
 // JSON mode for brokers without them. Every transport encodes and decodes through here, so a
-// consumer in any language reads our messages with its own CloudEvents SDK.
+// consumer in any language reads our messages with its own CloudEvents SDK, and a transport
+// written outside this repository speaks the same format by importing it.
 //
 // Mapping: id ← Message.ID, type ← Message.Type, time ← Message.CreatedAt (RFC 3339, UTC),
 // datacontenttype ← Message.ContentType, extension partitionkey ← Message.Key. Each header
 // whose name is a valid extension name (1–20 of a-z, 0-9: traceparent, tracestate…)
 // becomes an extension attribute of that name; other headers travel together, as a JSON
 // object, in the extension "txheaders".
-package cloudevents
+package outboxce
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package cloudevents
+package outboxce
 
 import (
 	"encoding/json"
