@@ -1,0 +1,264 @@
+package outboxkafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/txoutbox/outbox"
+)
+
+// topicLimitTTL is how long a topic's max.message.bytes, read from the cluster, is trusted.
+const topicLimitTTL = 5 * time.Minute
+
+// Sender produces the relay's batches to Kafka; it implements outbox.Sender and is safe for
+// concurrent use.
+type Sender struct {
+	cl          *kgo.Client
+	cfg         *SenderConfig
+	clientLimit func(topic string) int32 // kgo.ProducerBatchMaxBytesFn
+
+	mu     sync.Mutex
+	limits map[string]topicLimit // topic → its max.message.bytes
+}
+
+type topicLimit struct {
+	bytes int // 0: unknown (the topic does not exist yet, or the lookup was refused)
+	at    time.Time
+}
+
+// NewSender returns a sender producing through cl, which must be an idempotent producer
+// (franz-go's default: acks from all in-sync replicas, idempotent writes). It validates
+// cfg and cl's options and reports every problem at once.
+//
+// cl stays the caller's: close it after the relay stopped. franz-go lingers 10ms by
+// default before sending a partition's batch; the relay's batches are batches already, so
+// kgo.ProducerLinger(0) saves those milliseconds on every Send.
+func NewSender(cl *kgo.Client, cfg *SenderConfig) (*Sender, error) {
+	if cl == nil {
+		return nil, errors.New("outboxkafka: NewSender needs a *kgo.Client")
+	}
+	c := cfg.WithDefaults()
+	err := c.validate()
+	var errs []error
+	if v, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); v {
+		errs = append(errs, errors.New("the client disables idempotent writes (kgo.DisableIdempotentWrite): a retried produce request could write a record twice or out of order"))
+	}
+	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
+		errs = append(errs, errors.New("the client's kgo.RequiredAcks is not kgo.AllISRAcks(): a record acknowledged by the leader alone can be lost with it"))
+	}
+	if txn, _ := cl.OptValue(kgo.TransactionalID).(string); txn != "" {
+		errs = append(errs, fmt.Errorf("the client is transactional (kgo.TransactionalID %q); the Sender produces outside transactions", txn))
+	}
+	if len(errs) > 0 {
+		err = errors.Join(err, fmt.Errorf("outboxkafka: NewSender: %w", errors.Join(errs...)))
+	}
+	if err != nil {
+		return nil, err
+	}
+	limit, _ := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
+	if limit == nil {
+		limit = func(string) int32 { return 0 }
+	}
+	return &Sender{cl: cl, cfg: c, clientLimit: limit, limits: map[string]topicLimit{}}, nil
+}
+
+// TopicFor returns the topic m is produced to: its type's route, else the default Topic. An
+// event of an unrouted type with no default topic fails permanently.
+func (s *Sender) TopicFor(m outbox.Message) (string, error) {
+	if t, ok := s.cfg.Routes[m.Type]; ok {
+		return t, nil
+	}
+	if s.cfg.Topic != "" {
+		return s.cfg.Topic, nil
+	}
+	return "", outbox.Permanent(fmt.Errorf("outboxkafka: message %s: no route for event type %q and no default Topic", m.ID, m.Type))
+}
+
+// MaxMessageBytes returns the largest record the sender produces to topic, as Kafka counts
+// it: the lowest of the client's batch limit, the topic's max.message.bytes (when known)
+// and SenderConfig.MaxMessageBytes, with the name of the limit that applies.
+func (s *Sender) MaxMessageBytes(ctx context.Context, topic string) (int, string) {
+	s.lookupLimits(ctx, []string{topic})
+	return s.limit(topic)
+}
+
+func (s *Sender) limit(topic string) (int, string) {
+	limit, name := int(s.clientLimit(topic)), "the client's kgo.ProducerBatchMaxBytes"
+	s.mu.Lock()
+	tl := s.limits[topic]
+	s.mu.Unlock()
+	if tl.bytes > 0 && (limit <= 0 || tl.bytes < limit) {
+		limit, name = tl.bytes, fmt.Sprintf("topic %s's max.message.bytes", topic)
+	}
+	if s.cfg.MaxMessageBytes > 0 && (limit <= 0 || s.cfg.MaxMessageBytes < limit) {
+		limit, name = s.cfg.MaxMessageBytes, "SenderConfig.MaxMessageBytes"
+	}
+	return limit, name
+}
+
+// lookupLimits reads max.message.bytes of the topics not looked up recently, in one
+// DescribeConfigs request. Failures leave the limit unknown until the next try: the
+// broker's own check still refuses an oversize record, as outbox.ErrTooLarge.
+func (s *Sender) lookupLimits(ctx context.Context, topics []string) {
+	now := time.Now()
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	s.mu.Lock()
+	for _, t := range topics {
+		if tl, ok := s.limits[t]; ok && now.Sub(tl.at) < topicLimitTTL {
+			continue
+		}
+		s.limits[t] = topicLimit{at: now} // one lookup at a time per topic
+		r := kmsg.NewDescribeConfigsRequestResource()
+		r.ResourceType = kmsg.ConfigResourceTypeTopic
+		r.ResourceName = t
+		r.ConfigNames = []string{"max.message.bytes"}
+		req.Resources = append(req.Resources, r)
+	}
+	s.mu.Unlock()
+	if len(req.Resources) == 0 {
+		return
+	}
+	resp, err := req.RequestWith(ctx, s.cl)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		for _, r := range req.Resources {
+			delete(s.limits, r.ResourceName) // try again next Send
+		}
+		return
+	}
+	for _, r := range resp.Resources {
+		if r.ErrorCode != 0 {
+			delete(s.limits, r.ResourceName)
+			continue
+		}
+		for _, c := range r.Configs {
+			if c.Name == "max.message.bytes" && c.Value != nil {
+				if n, err := strconv.Atoi(*c.Value); err == nil && n > 0 {
+					s.limits[r.ResourceName] = topicLimit{bytes: n, at: now}
+				}
+			}
+		}
+	}
+}
+
+// Send produces msgs and waits until Kafka acknowledged each one (from all in-sync
+// replicas), or ctx ends. It returns nil when every record was written, or an
+// *outbox.BatchError naming those that were not. A message that cannot be routed, or whose
+// record is over the size limit, is not produced and fails permanently (outbox.ErrTooLarge
+// for size); the rest of the batch is produced all the same. A record whose outcome is
+// unknown when ctx ends is reported failed: the relay sends it again, and the consumer's
+// inbox absorbs a second copy.
+func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	recs := make([]*kgo.Record, len(msgs))
+	failed := map[int]error{}
+	var topics []string
+	seen := map[string]bool{}
+	for i, m := range msgs {
+		topic, err := s.TopicFor(m)
+		if err != nil {
+			failed[i] = err
+			continue
+		}
+		if recs[i], err = encode(m, topic, s.cfg.Source); err != nil {
+			failed[i] = err
+			continue
+		}
+		if !seen[topic] {
+			seen[topic] = true
+			topics = append(topics, topic)
+		}
+	}
+	s.lookupLimits(ctx, topics)
+
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, len(msgs)) // promises never block, even after Send returned
+	pending := 0
+	for i, r := range recs {
+		if r == nil {
+			continue
+		}
+		if limit, name := s.limit(r.Topic); limit > 0 {
+			if size := recordSize(r); size > limit {
+				failed[i] = fmt.Errorf("outboxkafka: message %s is %d bytes as a record (value %d), over %s of %s: %w",
+					msgs[i].ID, size, len(r.Value), name, formatBytes(limit), outbox.ErrTooLarge)
+				continue
+			}
+		}
+		pending++
+		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
+	}
+	done := make(map[int]bool, pending)
+	for ; pending > 0; pending-- {
+		select {
+		case res := <-results:
+			done[res.i] = true
+			if res.err != nil {
+				failed[res.i] = produceError(msgs[res.i], recs[res.i].Topic, res.err)
+			}
+		case <-ctx.Done():
+			for i, r := range recs {
+				if r != nil && !done[i] && failed[i] == nil {
+					failed[i] = fmt.Errorf("outboxkafka: no acknowledgement for message %s on %s: %w", msgs[i].ID, r.Topic, ctx.Err())
+				}
+			}
+			pending = 1 // leave the loop
+		}
+	}
+	if len(failed) > 0 {
+		return &outbox.BatchError{Failed: failed}
+	}
+	return nil
+}
+
+// produceError describes a record Kafka did not take.
+func produceError(m outbox.Message, topic string, err error) error {
+	if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+		return fmt.Errorf("outboxkafka: the cluster refused message %s on %s as too large (set SenderConfig.MaxMessageBytes to catch this before sending): %w (%w)", m.ID, topic, err, outbox.ErrTooLarge)
+	}
+	if errors.Is(err, kerr.InvalidTopicException) {
+		return outbox.Permanent(fmt.Errorf("outboxkafka: producing message %s to %s: %w", m.ID, topic, err))
+	}
+	return fmt.Errorf("outboxkafka: producing message %s to %s: %w", m.ID, topic, err)
+}
+
+// formatBytes writes n exactly, with a rounded binary unit when it helps.
+func formatBytes(n int) string {
+	const kib, mib = 1 << 10, 1 << 20
+	switch {
+	case n >= mib:
+		return fmt.Sprintf("%d bytes (%.2f MiB)", n, float64(n)/mib)
+	case n >= kib:
+		return fmt.Sprintf("%d bytes (%.1f KiB)", n, float64(n)/kib)
+	default:
+		return fmt.Sprintf("%d bytes", n)
+	}
+}
+
+var _ outbox.Sender = (*Sender)(nil)
+
+// Features describes what the transport promises for records s produces to topic and a
+// [Receiver] reads: per-key order (a key's records share a partition, and the receiver
+// holds a key's later records while an earlier one is retried), batches, delayed
+// redelivery, and s's size limit for topic. Kafka does not deduplicate by event ID.
+func Features(ctx context.Context, s *Sender, topic string) outbox.TransportFeatures {
+	limit, _ := s.MaxMessageBytes(ctx, topic)
+	return outbox.TransportFeatures{FIFO: true, Batch: true, Delay: true, MaxMessageBytes: limit}
+}

@@ -1,0 +1,163 @@
+package outboxkafka
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/cloudevents"
+)
+
+const (
+	// HeaderPrefix prefixes CloudEvents attributes in record headers, as the CloudEvents
+	// Kafka protocol binding says ("ce_id", "ce_type"…; HTTP and NATS use "ce-").
+	HeaderPrefix = "ce_"
+	// ContentTypeHeader carries the datacontenttype attribute.
+	ContentTypeHeader = outboxce.ContentTypeHeader
+	// DedupIDHeader carries outbox.Message.DedupID: the event ID, extended for a replayed
+	// dead letter. Kafka does not deduplicate by it (the idempotent producer only drops
+	// its own retried requests); it is there for consumers and for tracing a record back
+	// to its outbox row.
+	DedupIDHeader = "txoutbox-dedup-id"
+
+	// recordBatchOverhead is the size of a v2 record batch without records: what Kafka
+	// measures against max.message.bytes is a batch, so a record alone costs this more.
+	recordBatchOverhead = 61
+)
+
+// kafkaNames maps the wire package's binary header names to the Kafka binding's, for the
+// attributes every message has; others are renamed on the fly.
+var kafkaNames = func() map[string]string {
+	m := map[string]string{}
+	for _, a := range []string{"specversion", "id", "type", "source", "time", "partitionkey", "txheaders", "traceparent", "tracestate"} {
+		m[outboxce.HeaderPrefix+a] = HeaderPrefix + a
+	}
+	return m
+}()
+
+// wireNames is kafkaNames the other way round.
+var wireNames = func() map[string]string {
+	m := make(map[string]string, len(kafkaNames))
+	for k, v := range kafkaNames {
+		m[v] = k
+	}
+	return m
+}()
+
+// encode returns m as a record for topic in CloudEvents binary mode: attributes as "ce_"
+// headers, content-type, the dedup ID header, m.Key as the record key and m.Body as the
+// value (not copied).
+func encode(m outbox.Message, topic, source string) (*kgo.Record, error) {
+	hs := make([]kgo.RecordHeader, 0, 9+len(m.Headers))
+	err := outboxce.EachBinary(m, source, func(k, v string) {
+		if strings.HasPrefix(k, outboxce.HeaderPrefix) {
+			if n, ok := kafkaNames[k]; ok {
+				k = n
+			} else {
+				k = HeaderPrefix + k[len(outboxce.HeaderPrefix):]
+			}
+		}
+		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	})
+	if err != nil {
+		return nil, outbox.Permanent(fmt.Errorf("outboxkafka: encoding message %s: %w", m.ID, err))
+	}
+	hs = append(hs, kgo.RecordHeader{Key: DedupIDHeader, Value: []byte(m.DedupID())})
+	r := &kgo.Record{Topic: topic, Value: m.Body, Headers: hs}
+	if m.Key != "" {
+		r.Key = []byte(m.Key)
+	}
+	return r, nil
+}
+
+// recordSize is r's size as Kafka counts it against max.message.bytes: a v2 record batch
+// holding r alone, uncompressed.
+func recordSize(r *kgo.Record) int {
+	n := 1 + 1 + 1 // attributes, timestamp delta 0, offset delta 0
+	if r.Key == nil {
+		n += varintLen(-1)
+	} else {
+		n += varintLen(int64(len(r.Key))) + len(r.Key)
+	}
+	n += varintLen(int64(len(r.Value))) + len(r.Value)
+	n += varintLen(int64(len(r.Headers)))
+	for _, h := range r.Headers {
+		n += varintLen(int64(len(h.Key))) + len(h.Key) + varintLen(int64(len(h.Value))) + len(h.Value)
+	}
+	return recordBatchOverhead + varintLen(int64(n)) + n
+}
+
+// varintLen is the length of v as a zig-zag varint, Kafka's encoding of record fields.
+func varintLen(v int64) int {
+	u := uint64(v<<1) ^ uint64(v>>63)
+	n := 1
+	for u >= 0x80 {
+		u >>= 7
+		n++
+	}
+	return n
+}
+
+// brokerID names a record in errors and dead letters: topic/partition/offset.
+func brokerID(r *kgo.Record) string {
+	return fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset)
+}
+
+// decode rebuilds the message r carries. A record that is not a txoutbox CloudEvent gives
+// an *outbox.MalformedError keeping the raw record.
+func decode(r *kgo.Record) (outbox.Message, error) {
+	attrs := make(map[string]string, len(r.Headers))
+	for _, h := range r.Headers {
+		switch {
+		case strings.HasPrefix(h.Key, HeaderPrefix):
+			n, ok := wireNames[h.Key]
+			if !ok {
+				n = outboxce.HeaderPrefix + h.Key[len(HeaderPrefix):]
+			}
+			attrs[n] = string(h.Value)
+		case strings.EqualFold(h.Key, ContentTypeHeader):
+			attrs[ContentTypeHeader] = string(h.Value)
+		}
+	}
+	m, err := outboxce.FromBinary(attrs, r.Value)
+	if err != nil {
+		return outbox.Message{}, malformed(r, attrs, err)
+	}
+	if m.Key == "" && len(r.Key) > 0 {
+		// The binding maps the record key to the partitionkey extension: a foreign
+		// producer's keyed event keeps its per-key order in the consumer.
+		m.Key = string(r.Key)
+	}
+	return m, nil
+}
+
+// malformed describes a record that is not a valid event, keeping all that arrived and
+// whatever of the envelope could be read.
+func malformed(r *kgo.Record, attrs map[string]string, err error) *outbox.MalformedError {
+	raw := make(map[string]string, len(r.Headers))
+	for _, h := range r.Headers {
+		raw[h.Key] = string(h.Value)
+	}
+	partial := outbox.Message{
+		Type:        attrs[outboxce.HeaderPrefix+"type"],
+		Key:         attrs[outboxce.HeaderPrefix+"partitionkey"],
+		ContentType: attrs[ContentTypeHeader],
+		Body:        r.Value,
+	}
+	if id, perr := uuid.Parse(attrs[outboxce.HeaderPrefix+"id"]); perr == nil {
+		partial.ID = id
+	}
+	if partial.Key == "" {
+		partial.Key = string(r.Key)
+	}
+	return &outbox.MalformedError{
+		Partial:         partial,
+		BrokerMessageID: brokerID(r),
+		Attributes:      raw,
+		Body:            r.Value,
+		Err:             fmt.Errorf("outboxkafka: record %s: %w", brokerID(r), err),
+	}
+}
