@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -206,12 +207,17 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
 	}
 	done := make(map[int]bool, pending)
+	var refused []int // records the broker found too large
 	for ; pending > 0; pending-- {
 		select {
 		case res := <-results:
 			done[res.i] = true
-			if res.err != nil {
-				failed[res.i] = produceError(msgs[res.i], recs[res.i].Topic, res.err)
+			switch {
+			case res.err == nil:
+			case errors.Is(res.err, kerr.MessageTooLarge), errors.Is(res.err, kerr.RecordListTooLarge):
+				refused = append(refused, res.i)
+			default:
+				failed[res.i] = fmt.Errorf("outboxkafka: producing message %s to %s: %w", msgs[res.i].ID, recs[res.i].Topic, res.err)
 			}
 		case <-ctx.Done():
 			for i, r := range recs {
@@ -222,21 +228,41 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			pending = 1 // leave the loop
 		}
 	}
+	if len(refused) > 0 {
+		s.judgeRefused(ctx, msgs, recs, refused, failed)
+	}
 	if len(failed) > 0 {
 		return &outbox.BatchError{Failed: failed}
 	}
 	return nil
 }
 
-// produceError describes a record Kafka did not take.
-func produceError(m outbox.Message, topic string, err error) error {
-	if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
-		return fmt.Errorf("outboxkafka: the cluster refused message %s on %s as too large (set SenderConfig.MaxMessageBytes to catch this before sending): %w (%w)", m.ID, topic, err, outbox.ErrTooLarge)
+// judgeRefused decides, for records the broker refused as too large, which are too large
+// themselves. The broker refuses a whole batch, so a small record can share the fate of a
+// big one; and a refusal means the topic's limit changed since it was read. So the limits
+// are read again: a record over them fails with outbox.ErrTooLarge, and the others fail for
+// now (the relay sends them again).
+func (s *Sender) judgeRefused(ctx context.Context, msgs []outbox.Message, recs []*kgo.Record, refused []int, failed map[int]error) {
+	var topics []string
+	s.mu.Lock()
+	for _, i := range refused {
+		if !slices.Contains(topics, recs[i].Topic) {
+			delete(s.limits, recs[i].Topic)
+			topics = append(topics, recs[i].Topic)
+		}
 	}
-	if errors.Is(err, kerr.InvalidTopicException) {
-		return outbox.Permanent(fmt.Errorf("outboxkafka: producing message %s to %s: %w", m.ID, topic, err))
+	s.mu.Unlock()
+	s.lookupLimits(ctx, topics)
+	for _, i := range refused {
+		r, m := recs[i], msgs[i]
+		if limit, name := s.limit(r.Topic); limit > 0 && recordSize(r) > limit {
+			failed[i] = fmt.Errorf("outboxkafka: the broker refused message %s on %s: it is %d bytes as a record, over %s of %s: %w",
+				m.ID, r.Topic, recordSize(r), name, formatBytes(limit), outbox.ErrTooLarge)
+			continue
+		}
+		failed[i] = fmt.Errorf("outboxkafka: the broker refused message %s on %s as part of a batch over its size limit; sending it again: %w",
+			m.ID, r.Topic, kerr.MessageTooLarge)
 	}
-	return fmt.Errorf("outboxkafka: producing message %s to %s: %w", m.ID, topic, err)
 }
 
 // formatBytes writes n exactly, with a rounded binary unit when it helps.
