@@ -61,10 +61,16 @@ func newClient(t testing.TB, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
 // createTopic creates a fresh topic with the test partition count and the given configs.
 func createTopic(t testing.TB, cl *kgo.Client, configs map[string]*string) string {
 	t.Helper()
+	return createTopicN(t, cl, partitions, configs)
+}
+
+// createTopicN creates a fresh topic with n partitions.
+func createTopicN(t testing.TB, cl *kgo.Client, n int32, configs map[string]*string) string {
+	t.Helper()
 	topic := "outboxtest." + unique()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, configs, topic)
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, n, 1, configs, topic)
 	if err == nil {
 		err = resp.Err
 	}
