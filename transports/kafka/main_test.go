@@ -50,12 +50,22 @@ func unique() string {
 // batches are batches already).
 func newClient(t testing.TB, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0)}, opts...)...)
+	return newClientAddrs(t, c.ListenAddrs(), opts...)
+}
+
+func newClientAddrs(t testing.TB, addrs []string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append(seeds(addrs), opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
 	return cl
+}
+
+// seeds are the options of every test client: the cluster's addresses, and no linger.
+func seeds(addrs []string) []kgo.Opt {
+	return []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0)}
 }
 
 // createTopic creates a fresh topic with the test partition count and the given configs.
