@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txoutbox/outbox"
@@ -30,6 +31,18 @@ func TestNewReceiverReportsEveryProblem(t *testing.T) {
 			t.Errorf("error does not mention %q:\n%v", want, err)
 		}
 	}
+}
+
+// onePartition returns a client of c, a fresh topic with one partition, and a sender to it.
+func onePartition(t *testing.T, c *kfake.Cluster) (*kgo.Client, string, *outboxkafka.Sender) {
+	t.Helper()
+	cl := newClient(t, c)
+	topic := createTopicN(t, cl, 1, nil)
+	s, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl, topic, s
 }
 
 // oneByOne sends msgs in separate calls, as the relay sends one key's events.
@@ -64,12 +77,7 @@ func ack(t *testing.T, d outbox.Delivery) {
 func TestNackHoldsItsKeyOnly(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	cl := newClient(t, c)
-	topic := createTopicN(t, cl, 1, nil)
-	s, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, topic, s := onePartition(t, c)
 	a1, b1, a2, b2 := message("x", "A", `1`), message("x", "B", `1`), message("x", "A", `2`), message("x", "B", `2`)
 	oneByOne(t, s, a1, b1, a2, b2)
 	r := newReceiver(t, c, outboxkafka.ReceiverConfig{Topics: []string{topic}, MaxWait: 200 * time.Millisecond})
@@ -132,12 +140,7 @@ func committed(t *testing.T, cl *kgo.Client, group, topic string) int64 {
 func TestCommitsOnlyContiguousOffsets(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	cl := newClient(t, c)
-	topic := createTopicN(t, cl, 1, nil)
-	s, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl, topic, s := onePartition(t, c)
 	var msgs []outbox.Message
 	for i := range 5 {
 		msgs = append(msgs, message("x", "", fmt.Sprint(i)))
@@ -189,12 +192,7 @@ func TestCommitsOnlyContiguousOffsets(t *testing.T) {
 func TestMaxPendingPerPartitionPausesFetching(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	cl := newClient(t, c)
-	topic := createTopicN(t, cl, 1, nil)
-	s, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, topic, s := onePartition(t, c)
 	var stuck []outbox.Message
 	for i := range 40 {
 		stuck = append(stuck, message("x", "A", fmt.Sprint(i)))
