@@ -39,6 +39,9 @@ type topicLimit struct {
 // (franz-go's default: acks from all in-sync replicas, idempotent writes). It validates
 // cfg and cl's options and reports every problem at once.
 //
+// Per-key order needs a partitioner that hashes keys, as franz-go's default does; a
+// kgo.RecordPartitioner that spreads keyed records (round robin) gives it up.
+//
 // cl stays the caller's: close it after the relay stopped. franz-go lingers 10ms by
 // default before sending a partition's batch; the relay's batches are batches already, so
 // kgo.ProducerLinger(0) saves those milliseconds on every Send.
