@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,170 +17,473 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/idempotency"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
 
 // IdempotencyFixture is one fresh outbox (with its inbox and dead-letter table) of the
-// adapter under test.
-type IdempotencyFixture struct {
+// adapter under test, whose transactions are of type TTx, and the adapter's idempotency
+// verbs over it: the …At forms, or the package-level ones where the outbox has the default
+// table names.
+type IdempotencyFixture[TTx any] struct {
 	// Store is the relay store of the outbox (replayed dead letters come back through it).
 	Store outbox.Store
-	// Handler returns the adapter's idempotent wrapper around a handler that, in the
-	// wrapper's transaction, inserts one row naming the event into an effects table and
-	// then returns fail(event) — so a failing attempt's row must roll back.
-	Handler func(fail func(outbox.Event[Note]) error) consumer.Handler[Note]
-	// Effects counts the rows of the effects table.
-	Effects func(ctx context.Context) (int, error)
-	// DeadLetters is the outbox's dead-letter table.
+	// DeadLetters is the adapter's NewDeadLetters.
 	DeadLetters deadletter.Table
+	// Inbox is the adapter's NewInbox.
+	Inbox idempotency.Inbox[TTx]
+
+	// Effect inserts, inside tx, one row (id, text) into an effects table that has no unique
+	// key, so that a duplicate effect would show.
+	Effect func(ctx context.Context, tx TTx, id, text string) error
+	// Effects counts the effect rows by text.
+	Effects func(ctx context.Context) (map[string]int, error)
+	// Publish writes events inside tx through the adapter's Publish.
+	Publish func(ctx context.Context, tx TTx, events ...outbox.Encodable) error
+	// Pending counts the messages in the outbox table.
+	Pending func(ctx context.Context) (int, error)
+	// AgeInbox moves the recording time of every inbox row and stored response d into the
+	// past.
+	AgeInbox func(ctx context.Context, d time.Duration) error
+
+	// Idempotent is the adapter's Idempotent around h.
+	Idempotent func(h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note]
+	// IdempotentGrouped is the adapter's IdempotentGrouped around h.
+	IdempotentGrouped func(h idempotency.TxHandler[TTx, Note], cfg *idempotency.GroupConfig) consumer.Handler[Note]
+	// SkipSeen is the adapter's SkipSeen around h.
+	SkipSeen func(h consumer.Handler[Note]) consumer.Handler[Note]
+	// IdempotentHTTP is the adapter's IdempotentHTTP around h.
+	IdempotentHTTP func(h idempotency.HTTPTxHandler[TTx], cfg *idempotency.HTTPConfig) http.Handler
+	// PruneInbox is the adapter's PruneInbox.
+	PruneInbox func(ctx context.Context, retention time.Duration, limit int) (int64, error)
 }
 
-// ExerciseIdempotency runs the exactly-once and dead-letter suite for an adapter's
-// idempotency wrapper and dead-letter table.
-func ExerciseIdempotency(t *testing.T, newFixture func(t *testing.T) *IdempotencyFixture) {
-	t.Helper()
-	ctx := context.Background()
-	ok := func(outbox.Event[Note]) error { return nil }
+// idemMode is one of the adapter's exactly-once wrappers, as the consumer-driven cases use it.
+type idemMode[TTx any] struct {
+	name string
+	wrap func(f *IdempotencyFixture[TTx], h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note]
+}
 
+// ExerciseIdempotency runs the exactly-once, group-commit, HTTP Idempotency-Key and
+// dead-letter suite for an adapter's idempotency verbs and tables. newFixture is called once
+// per subtest and must return an empty outbox.
+func ExerciseIdempotency[TTx any](t *testing.T, newFixture func(t *testing.T) *IdempotencyFixture[TTx]) {
+	t.Helper()
+	modes := []idemMode[TTx]{
+		{"Idempotent", func(f *IdempotencyFixture[TTx], h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note] {
+			return f.Idempotent(h)
+		}},
+		{"IdempotentGrouped", func(f *IdempotencyFixture[TTx], h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note] {
+			return f.IdempotentGrouped(h, nil)
+		}},
+	}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			exerciseExactlyOnce(t, newFixture, m)
+		})
+	}
+	t.Run("GroupCommit", func(t *testing.T) {
+		t.Parallel()
+		exerciseGroupCommit(t, newFixture)
+	})
+	t.Run("DeadLetterListReplayDiscard", func(t *testing.T) {
+		t.Parallel()
+		deadLetterListReplayDiscard(t, newFixture(t))
+	})
+	t.Run("NeedsConsumerName", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		h := func(ctx context.Context, tx TTx, e outbox.Event[Note]) error { return nil }
+		for name, handler := range map[string]consumer.Handler[Note]{
+			"Idempotent":        f.Idempotent(h),
+			"IdempotentGrouped": f.IdempotentGrouped(h, nil),
+			"SkipSeen":          f.SkipSeen(func(context.Context, outbox.Event[Note]) error { return nil }),
+		} {
+			if err := handler(context.Background(), outbox.New(Note{})); err == nil || !outbox.IsPermanent(err) {
+				t.Errorf("%s without a consumer name: %v, want a permanent error", name, err)
+			}
+		}
+	})
+	t.Run("SkipSeen", func(t *testing.T) {
+		t.Parallel()
+		skipSeen(t, newFixture(t))
+	})
+	t.Run("RecordInTheCallersTransaction", func(t *testing.T) {
+		t.Parallel()
+		recordInTheCallersTransaction(t, newFixture(t))
+	})
+	t.Run("PruneInbox", func(t *testing.T) {
+		t.Parallel()
+		pruneInbox(t, newFixture(t))
+	})
+	t.Run("IdempotentHTTP", func(t *testing.T) {
+		t.Parallel()
+		exerciseHTTP(t, newFixture)
+	})
+}
+
+// effectOf is the usual handler of the suite: one effect row naming the event (its text,
+// or its N when the text is empty), then fail(e).
+func effectOf[TTx any](f *IdempotencyFixture[TTx], fail func(outbox.Event[Note]) error) idempotency.TxHandler[TTx, Note] {
+	return func(ctx context.Context, tx TTx, e outbox.Event[Note]) error {
+		if err := f.Effect(ctx, tx, e.ID.String(), noteText(e.Payload)); err != nil {
+			return err
+		}
+		return fail(e)
+	}
+}
+
+func noteText(n Note) string {
+	if n.Text != "" {
+		return n.Text
+	}
+	return strconv.Itoa(n.N)
+}
+
+var succeed = func(outbox.Event[Note]) error { return nil }
+
+// exerciseExactlyOnce runs the consumer-driven exactly-once cases through one wrapper.
+func exerciseExactlyOnce[TTx any](t *testing.T, newFixture func(t *testing.T) *IdempotencyFixture[TTx], m idemMode[TTx]) {
+	ctx := context.Background()
 	t.Run("FiveDeliveriesOneEffect", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
 		q := outboxmem.New(nil)
-		m, _ := outbox.New(Note{Text: "pay"}).Encode()
+		msg, _ := outbox.New(Note{Text: "pay"}).Encode()
 		for range 5 { // the broker delivers the same event five times
-			if err := q.Send(ctx, []outbox.Message{m}); err != nil {
+			if err := q.Send(ctx, []outbox.Message{msg}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		runConsumer(t, f, q, f.Handler(ok), func() bool { return q.Len() == 0 })
-		expectEffects(t, f, 1)
+		runConsumer(t, f.DeadLetters, q, m.wrap(f, effectOf(f, succeed)), 5, func() bool { return q.Len() == 0 })
+		expectEffects(t, f, map[string]int{"pay": 1})
 	})
 
 	t.Run("CrashBetweenCommitAndAck", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
 		q := outboxmem.New(&outboxmem.Config{VisibilityTimeout: 200 * time.Millisecond})
-		m, _ := outbox.New(Note{Text: "ship"}).Encode()
-		if err := q.Send(ctx, []outbox.Message{m}); err != nil {
+		msg, _ := outbox.New(Note{Text: "ship"}).Encode()
+		if err := q.Send(ctx, []outbox.Message{msg}); err != nil {
 			t.Fatal(err)
 		}
 		// The first delivery's ack is lost, as if the consumer died right after commit.
 		crashy := &loseFirstAck{Receiver: q}
-		runConsumer(t, f, crashy, f.Handler(ok), func() bool { return q.Len() == 0 })
+		runConsumer(t, f.DeadLetters, crashy, m.wrap(f, effectOf(f, succeed)), 1, func() bool { return q.Len() == 0 })
 		if crashy.lost.Load() != 1 {
 			t.Fatal("the first ack was not lost; the test proves nothing")
 		}
-		expectEffects(t, f, 1)
+		expectEffects(t, f, map[string]int{"ship": 1})
 	})
 
 	t.Run("FailedAttemptsLeaveNoEffect", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
 		q := outboxmem.New(nil)
-		m, _ := outbox.New(Note{Text: "flaky"}).Encode()
-		if err := q.Send(ctx, []outbox.Message{m}); err != nil {
+		msg, _ := outbox.New(Note{Text: "flaky"}).Encode()
+		if err := q.Send(ctx, []outbox.Message{msg}); err != nil {
 			t.Fatal(err)
 		}
 		var calls atomic.Int32
-		h := f.Handler(func(outbox.Event[Note]) error {
+		h := effectOf(f, func(outbox.Event[Note]) error {
 			if calls.Add(1) < 3 {
 				return errors.New("downstream timeout")
 			}
 			return nil
 		})
-		runConsumer(t, f, q, h, func() bool { return q.Len() == 0 })
+		runConsumer(t, f.DeadLetters, q, m.wrap(f, h), 1, func() bool { return q.Len() == 0 })
 		if calls.Load() != 3 {
 			t.Fatalf("handler ran %d times, want 3", calls.Load())
 		}
-		expectEffects(t, f, 1)
+		expectEffects(t, f, map[string]int{"flaky": 1})
 	})
+}
 
-	t.Run("DeadLetterListReplayDiscard", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t)
-		q := outboxmem.New(nil)
-		broken := true
-		var mu sync.Mutex
-		h := f.Handler(func(e outbox.Event[Note]) error {
-			mu.Lock()
-			defer mu.Unlock()
-			if broken && e.Payload.Text == "poison" {
-				return fmt.Errorf("cannot handle %q", e.Payload.Text)
-			}
-			return nil
-		})
-		poison := outbox.New(Note{Text: "poison"}, outbox.WithKey("k"))
-		pm, _ := poison.Encode()
-		unknown, _ := outbox.New(Poison{N: 1}).Encode()
-		fine, _ := outbox.New(Note{Text: "fine"}).Encode()
-		if err := q.Send(ctx, []outbox.Message{pm, unknown, fine}); err != nil {
-			t.Fatal(err)
-		}
-		runConsumer(t, f, q, h, func() bool { return q.Len() == 0 })
-		expectEffects(t, f, 1)
-
-		pending, err := f.DeadLetters.List(ctx, deadletter.Filter{Status: deadletter.StatusPending, Stage: deadletter.StageConsumer, Consumer: "outboxtest"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(pending) != 2 {
-			t.Fatalf("dead letters: %+v, want the poison and the unknown event", pending)
-		}
-		byType := map[string]deadletter.Entry{}
-		for _, e := range pending {
-			byType[e.Message.Type] = e
-		}
-		p := byType[Note{}.EventType()]
-		if p.Message.ID != poison.ID || p.Attempts != 3 || !strings.Contains(p.Reason, `cannot handle "poison"`) || p.Message.Key != "k" {
-			t.Fatalf("poison dead letter %+v", p)
-		}
-		if u := byType[Poison{}.EventType()]; u.Attempts != 1 || !strings.Contains(u.Reason, "no handler") {
-			t.Fatalf("unknown-type dead letter %+v", u)
-		}
-		if got, err := f.DeadLetters.Get(ctx, p.ID); err != nil || SameMessage(got.Message, pm) != nil {
-			t.Fatalf("Get: %+v, %v", got, err)
-		}
-		since, err := f.DeadLetters.List(ctx, deadletter.Filter{Since: time.Now().Add(time.Hour)})
-		if err != nil || len(since) != 0 {
-			t.Fatalf("a future Since matched %d entries (%v)", len(since), err)
-		}
-
-		// Fix the handler, replay the poison event through the outbox, relay it, handle it.
+func deadLetterListReplayDiscard[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) {
+	ctx := context.Background()
+	q := outboxmem.New(nil)
+	broken := true
+	var mu sync.Mutex
+	h := f.Idempotent(effectOf(f, func(e outbox.Event[Note]) error {
 		mu.Lock()
-		broken = false
-		mu.Unlock()
-		if err := f.DeadLetters.Replay(ctx, p.ID); err != nil {
-			t.Fatal(err)
+		defer mu.Unlock()
+		if broken && e.Payload.Text == "poison" {
+			return fmt.Errorf("cannot handle %q", e.Payload.Text)
 		}
-		if err := f.DeadLetters.Replay(ctx, p.ID); !errors.Is(err, deadletter.ErrNotPending) {
-			t.Fatalf("second replay: %v, want ErrNotPending", err)
-		}
-		relay, err := outbox.NewRelay(f.Store, q, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n, err := relay.RunOnce(ctx); err != nil || n != 1 {
-			t.Fatalf("relaying the replayed event: %d, %v", n, err)
-		}
-		runConsumer(t, f, q, h, func() bool { return q.Len() == 0 })
-		expectEffects(t, f, 2)
+		return nil
+	}))
+	poison := outbox.New(Note{Text: "poison"}, outbox.WithKey("k"))
+	pm, _ := poison.Encode()
+	unknown, _ := outbox.New(Poison{N: 1}).Encode()
+	fine, _ := outbox.New(Note{Text: "fine"}).Encode()
+	if err := q.Send(ctx, []outbox.Message{pm, unknown, fine}); err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, f.DeadLetters, q, h, 1, func() bool { return q.Len() == 0 })
+	expectEffects(t, f, map[string]int{"fine": 1})
 
-		u := byType[Poison{}.EventType()]
-		if err := f.DeadLetters.Discard(ctx, u.ID); err != nil {
+	pending, err := f.DeadLetters.List(ctx, deadletter.Filter{Status: deadletter.StatusPending, Stage: deadletter.StageConsumer, Consumer: "outboxtest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 2 {
+		t.Fatalf("dead letters: %+v, want the poison and the unknown event", pending)
+	}
+	byType := map[string]deadletter.Entry{}
+	for _, e := range pending {
+		byType[e.Message.Type] = e
+	}
+	p := byType[Note{}.EventType()]
+	if p.Message.ID != poison.ID || p.Attempts != 3 || !strings.Contains(p.Reason, `cannot handle "poison"`) || p.Message.Key != "k" {
+		t.Fatalf("poison dead letter %+v", p)
+	}
+	if u := byType[Poison{}.EventType()]; u.Attempts != 1 || !strings.Contains(u.Reason, "no handler") {
+		t.Fatalf("unknown-type dead letter %+v", u)
+	}
+	if got, err := f.DeadLetters.Get(ctx, p.ID); err != nil || SameMessage(got.Message, pm) != nil {
+		t.Fatalf("Get: %+v, %v", got, err)
+	}
+	since, err := f.DeadLetters.List(ctx, deadletter.Filter{Since: time.Now().Add(time.Hour)})
+	if err != nil || len(since) != 0 {
+		t.Fatalf("a future Since matched %d entries (%v)", len(since), err)
+	}
+
+	// Fix the handler, replay the poison event through the outbox, relay it, handle it.
+	mu.Lock()
+	broken = false
+	mu.Unlock()
+	if err := f.DeadLetters.Replay(ctx, p.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DeadLetters.Replay(ctx, p.ID); !errors.Is(err, deadletter.ErrNotPending) {
+		t.Fatalf("second replay: %v, want ErrNotPending", err)
+	}
+	relay, err := outbox.NewRelay(f.Store, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("relaying the replayed event: %d, %v", n, err)
+	}
+	runConsumer(t, f.DeadLetters, q, h, 1, func() bool { return q.Len() == 0 })
+	expectEffects(t, f, map[string]int{"fine": 1, "poison": 1})
+
+	u := byType[Poison{}.EventType()]
+	if err := f.DeadLetters.Discard(ctx, u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DeadLetters.Discard(ctx, u.ID); !errors.Is(err, deadletter.ErrNotPending) {
+		t.Fatalf("second discard: %v", err)
+	}
+	if _, err := f.DeadLetters.Get(ctx, 1<<40); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Fatalf("Get of a missing id: %v", err)
+	}
+	left, _ := f.DeadLetters.List(ctx, deadletter.Filter{Status: deadletter.StatusPending})
+	all, _ := f.DeadLetters.List(ctx, deadletter.Filter{})
+	if len(left) != 0 || len(all) != 2 {
+		t.Fatalf("after replay and discard: %d pending, %d kept; want 0 and 2", len(left), len(all))
+	}
+}
+
+// skipSeen: SkipSeen runs a handler once per event across duplicates, records an event only
+// after its handler succeeded, and skips what Idempotent recorded.
+func skipSeen[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) {
+	ctx := consumer.WithInfo(context.Background(), consumer.Info{Consumer: "skipper", Attempt: 1})
+	var mu sync.Mutex
+	runs := map[string]int{}
+	failing := true
+	h := f.SkipSeen(func(_ context.Context, e outbox.Event[Note]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[e.Payload.Text]++
+		if e.Payload.Text == "flaky" && failing {
+			failing = false
+			return errors.New("mail server down")
+		}
+		return nil
+	})
+	mail, flaky := outbox.New(Note{Text: "mail"}), outbox.New(Note{Text: "flaky"})
+	for _, e := range []outbox.Event[Note]{mail, mail, flaky, mail} {
+		_ = h(ctx, e)
+	}
+	if err := h(ctx, flaky); err != nil { // the retry of the failed one
+		t.Fatal(err)
+	}
+	if err := h(ctx, flaky); err != nil {
+		t.Fatal(err)
+	}
+	if runs["mail"] != 1 || runs["flaky"] != 2 {
+		t.Fatalf("SkipSeen ran the handler %v; want mail once, flaky twice (failed, then succeeded)", runs)
+	}
+	// An event recorded by Idempotent under the same consumer name is skipped too.
+	handled := outbox.New(Note{Text: "handled"})
+	if err := f.Idempotent(effectOf(f, succeed))(ctx, handled); err != nil {
+		t.Fatal(err)
+	}
+	if err := h(ctx, handled); err != nil || runs["handled"] != 0 {
+		t.Fatalf("SkipSeen of an event already handled: ran %d times (%v)", runs["handled"], err)
+	}
+}
+
+// recordInTheCallersTransaction: the inbox records keys only when the caller's transaction
+// commits, reports duplicates (also within one RecordMany), and counts keys per consumer.
+func recordInTheCallersTransaction[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) {
+	ctx := context.Background()
+	a := idempotency.Key{Consumer: "a", EventID: outbox.New(Note{}).ID}
+	b := idempotency.Key{Consumer: "b", EventID: a.EventID} // same event, another consumer
+	c := idempotency.Key{Consumer: "a", EventID: outbox.New(Note{}).ID}
+	rollback := errors.New("rolled back on purpose")
+	err := f.Inbox.InTx(ctx, func(tx TTx) error {
+		fresh, err := f.Inbox.Record(ctx, tx, a)
+		if err != nil || !fresh {
+			t.Errorf("Record of a new key: %v, %v", fresh, err)
+		}
+		return rollback
+	})
+	if !errors.Is(err, rollback) {
+		t.Fatalf("InTx returned %v, want fn's error", err)
+	}
+	if seen, err := f.Inbox.Seen(ctx, a); err != nil || seen {
+		t.Fatalf("a key recorded in a rolled-back transaction is seen: %v, %v", seen, err)
+	}
+	err = f.Inbox.InTx(ctx, func(tx TTx) error {
+		fresh, err := f.Inbox.RecordMany(ctx, tx, []idempotency.Key{a, b, a})
+		if err != nil {
+			return err
+		}
+		if fmt.Sprint(fresh) != "[true true false]" {
+			t.Errorf("RecordMany(a, b, a) = %v, want [true true false]", fresh)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Inbox.InTx(ctx, func(tx TTx) error {
+		if fresh, err := f.Inbox.Record(ctx, tx, a); err != nil || fresh {
+			t.Errorf("Record of a committed key: %v, %v; want a duplicate", fresh, err)
+		}
+		fresh, err := f.Inbox.RecordMany(ctx, tx, []idempotency.Key{c, b})
+		if err != nil || fmt.Sprint(fresh) != "[true false]" {
+			t.Errorf("RecordMany(c, b) = %v, %v; want [true false]", fresh, err)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []idempotency.Key{a, b, c} {
+		if seen, err := f.Inbox.Seen(ctx, k); err != nil || !seen {
+			t.Fatalf("key %s is not seen after commit: %v", k, err)
+		}
+	}
+	counts, err := f.Inbox.Counts(ctx)
+	if err != nil || fmt.Sprint(counts) != "map[a:2 b:1]" {
+		t.Fatalf("Counts = %v, %v; want a:2 b:1", counts, err)
+	}
+	// A panic in fn rolls the transaction back and reaches the caller.
+	d := idempotency.Key{Consumer: "a", EventID: outbox.New(Note{}).ID}
+	func() {
+		defer func() {
+			if p := recover(); p == nil {
+				t.Error("InTx swallowed fn's panic")
+			}
+		}()
+		_ = f.Inbox.InTx(ctx, func(tx TTx) error {
+			_, _ = f.Inbox.Record(ctx, tx, d)
+			panic("handler bug")
+		})
+	}()
+	if seen, err := f.Inbox.Seen(ctx, d); err != nil || seen {
+		t.Fatalf("a key recorded before a panic is seen: %v, %v", seen, err)
+	}
+}
+
+// pruneInbox: PruneInbox deletes the keys older than the retention, at most limit per call,
+// and keeps the recent ones, which still absorb duplicates.
+func pruneInbox[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) {
+	ctx := consumer.WithInfo(context.Background(), consumer.Info{Consumer: "pruner", Attempt: 1})
+	h := f.Idempotent(effectOf(f, succeed))
+	old := make([]outbox.Event[Note], 3)
+	for i := range old {
+		old[i] = outbox.New(Note{N: i})
+		if err := h(ctx, old[i]); err != nil {
 			t.Fatal(err)
 		}
-		if err := f.DeadLetters.Discard(ctx, u.ID); !errors.Is(err, deadletter.ErrNotPending) {
-			t.Fatalf("second discard: %v", err)
+	}
+	if err := f.AgeInbox(ctx, 48*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	recent := []outbox.Event[Note]{outbox.New(Note{N: 10}), outbox.New(Note{N: 11})}
+	for _, e := range recent {
+		if err := h(ctx, e); err != nil {
+			t.Fatal(err)
 		}
-		if _, err := f.DeadLetters.Get(ctx, 1<<40); !errors.Is(err, deadletter.ErrNotFound) {
-			t.Fatalf("Get of a missing id: %v", err)
+	}
+	if n, err := f.PruneInbox(ctx, 24*time.Hour, 2); err != nil || n != 2 {
+		t.Fatalf("first prune: %d, %v; want 2 (the limit)", n, err)
+	}
+	if n, err := f.PruneInbox(ctx, 24*time.Hour, 100); err != nil || n != 1 {
+		t.Fatalf("second prune: %d, %v; want the last expired key", n, err)
+	}
+	if n, err := f.PruneInbox(ctx, 24*time.Hour, 100); err != nil || n != 0 {
+		t.Fatalf("third prune: %d, %v; want nothing left to prune", n, err)
+	}
+	if _, err := f.PruneInbox(ctx, 24*time.Hour, 0); err == nil {
+		t.Fatal("PruneInbox with limit 0 succeeded")
+	}
+	if counts, err := f.Inbox.Counts(ctx); err != nil || counts["pruner"] != 2 {
+		t.Fatalf("after pruning: %v (%v); want the 2 recent keys", counts, err)
+	}
+	for _, e := range append(recent, old[0]) {
+		if err := h(ctx, e); err != nil {
+			t.Fatal(err)
 		}
-		left, _ := f.DeadLetters.List(ctx, deadletter.Filter{Status: deadletter.StatusPending})
-		all, _ := f.DeadLetters.List(ctx, deadletter.Filter{})
-		if len(left) != 0 || len(all) != 2 {
-			t.Fatalf("after replay and discard: %d pending, %d kept; want 0 and 2", len(left), len(all))
+	}
+	// The recent keys absorbed their duplicates; the pruned one no longer does.
+	expectEffects(t, f, map[string]int{"0": 2, "1": 1, "2": 1, "10": 1, "11": 1})
+}
+
+func runConsumer(t *testing.T, dl deadletter.Writer, r outbox.Receiver, h consumer.Handler[Note], concurrency int, done func() bool) {
+	t.Helper()
+	c, err := consumer.New(r, &consumer.Config{Name: "outboxtest", DeadLetters: dl, MaxAttempts: 3, Concurrency: concurrency,
+		BatchSize: concurrency, RetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer.Handle(c, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	go func() { stopped <- c.Run(ctx) }()
+	WaitFor(t, 60*time.Second, "the consumer to settle every message", done)
+	cancel()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectEffects checks the effect rows by text; want lists every text expected.
+func expectEffects[TTx any](t *testing.T, f *IdempotencyFixture[TTx], want map[string]int) {
+	t.Helper()
+	got, err := f.Effects(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := maps.Clone(want)
+	maps.Copy(texts, got)
+	var wrong []string
+	for _, text := range slices.Sorted(maps.Keys(texts)) {
+		if got[text] != want[text] {
+			wrong = append(wrong, fmt.Sprintf("%q: %d, want %d", text, got[text], want[text]))
 		}
-	})
+	}
+	if len(wrong) > 0 {
+		if len(wrong) > 10 {
+			wrong = append(wrong[:10], fmt.Sprintf("and %d more", len(wrong)-10))
+		}
+		t.Fatalf("effect rows by text: %s", strings.Join(wrong, "; "))
+	}
 }
 
 // loseFirstAck wraps a receiver so the first delivery's Ack is dropped.
@@ -203,33 +510,4 @@ func (a *ackLoser) Ack(ctx context.Context) error {
 		return errors.New("consumer died before acknowledging")
 	}
 	return a.Delivery.Ack(ctx)
-}
-
-func runConsumer(t *testing.T, f *IdempotencyFixture, r outbox.Receiver, h consumer.Handler[Note], done func() bool) {
-	t.Helper()
-	c, err := consumer.New(r, &consumer.Config{Name: "outboxtest", DeadLetters: f.DeadLetters, MaxAttempts: 3,
-		RetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	consumer.Handle(c, h)
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error)
-	go func() { stopped <- c.Run(ctx) }()
-	WaitFor(t, 30*time.Second, "the consumer to settle every message", done)
-	cancel()
-	if err := <-stopped; err != nil {
-		t.Fatal(err)
-	}
-}
-
-func expectEffects(t *testing.T, f *IdempotencyFixture, want int) {
-	t.Helper()
-	n, err := f.Effects(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != want {
-		t.Fatalf("%d effect rows, want %d", n, want)
-	}
 }

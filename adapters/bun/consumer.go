@@ -3,6 +3,7 @@ package outboxbun
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -10,11 +11,35 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 )
 
 // TxHandler handles an event inside the bun transaction that also records it in the inbox.
 type TxHandler[T outbox.Payload] func(ctx context.Context, tx bun.Tx, e outbox.Event[T]) error
+
+// NewInbox returns the default outbox's inbox over db. See [Outbox.NewInbox].
+func NewInbox(db *bun.DB) (idempotency.Inbox[bun.Tx], error) { return defaultOutbox.NewInbox(db) }
+
+// NewInbox returns o's idempotency-key table (the inbox) over db, for recording keys in your
+// own bun transactions, counting them and pruning them; Idempotent, IdempotentGrouped,
+// SkipSeen and IdempotentHTTP are built on it. Its transactions run db.RunInTx.
+func (o *Outbox) NewInbox(db *bun.DB) (idempotency.Inbox[bun.Tx], error) {
+	d, n, err := o.dialect(db)
+	if err != nil {
+		return nil, err
+	}
+	return sqlstore.NewInbox("outboxbun", d, n, sqlstore.StdDB(db.DB),
+		func(ctx context.Context, fn func(bun.Tx) error) error {
+			return db.RunInTx(ctx, nil, func(_ context.Context, tx bun.Tx) error { return fn(tx) })
+		},
+		func(tx bun.Tx) (sqlstore.Querier, error) {
+			if tx.Tx == nil {
+				return nil, fmt.Errorf("outboxbun: %w: got a zero bun.Tx", outbox.ErrNotInTransaction)
+			}
+			return sqlstore.StdQuerier(tx.Tx), nil
+		})
+}
 
 // Idempotent makes h's database effects happen exactly once per (consumer, event ID) in the
 // default outbox's inbox. See [IdempotentAt].
@@ -26,24 +51,32 @@ func Idempotent[T outbox.Payload](db *bun.DB, h TxHandler[T]) consumer.Handler[T
 // event ID) in o's inbox, and runs h in that transaction only if the pair is new; a
 // duplicate delivery commits nothing and is acknowledged. Write h's effects through tx:
 // they commit together with the inbox row, so a crash before commit re-runs h on
-// redelivery and a crash after commit (before the ack) is absorbed by the inbox.
+// redelivery and a crash after commit (before the ack) is absorbed by the inbox. A db whose
+// dialect is not supported fails every event permanently. See [idempotency.Once].
 func IdempotentAt[T outbox.Payload](o *Outbox, db *bun.DB, h TxHandler[T]) consumer.Handler[T] {
-	return func(ctx context.Context, e outbox.Event[T]) error {
-		d, n, err := o.dialect(db)
-		if err != nil {
-			return err
-		}
-		return db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-			fresh, err := sqlstore.RecordInbox(ctx, d, sqlstore.StdQuerier(tx.Tx), n, e.ID)
-			if err != nil {
-				return fmt.Errorf("outboxbun: %w", err)
-			}
-			if !fresh {
-				return nil // handled before: a redelivery
-			}
-			return h(ctx, tx, e)
-		})
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
 	}
+	return idempotency.Once(in, idempotency.TxHandler[bun.Tx, T](h))
+}
+
+// IdempotentGrouped is [IdempotentGroupedAt] on the default outbox's inbox.
+func IdempotentGrouped[T outbox.Payload](db *bun.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+	return IdempotentGroupedAt(defaultOutbox, db, h, cfg)
+}
+
+// IdempotentGroupedAt is [IdempotentAt] with group commit: events handled at the same time
+// share a transaction, one inbox statement and one commit for up to cfg.MaxEvents events.
+// Use it for busy consumers (Concurrency 32 or more) whose h is a few quick statements; h
+// may run more than once for an event, every run but the last rolled back. See
+// [idempotency.Group].
+func IdempotentGroupedAt[T outbox.Payload](o *Outbox, db *bun.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.NewGroup(in, idempotency.TxHandler[bun.Tx, T](h), cfg).Handle
 }
 
 // SkipSeen is the at-least-once mode for handlers whose effects are outside this database
@@ -55,40 +88,42 @@ func SkipSeen[T outbox.Payload](db *bun.DB, h consumer.Handler[T]) consumer.Hand
 // SkipSeenAt skips events the consumer already recorded in o's inbox, runs h, and records
 // the event after h succeeds. A crash between h's success and the record runs h again on
 // redelivery, so h itself must tolerate a rare repeat; what SkipSeen removes is the common
-// duplicate (broker redelivery, a relay's re-send).
+// duplicate (broker redelivery, a relay's re-send). See [idempotency.SkipSeen].
 func SkipSeenAt[T outbox.Payload](o *Outbox, db *bun.DB, h consumer.Handler[T]) consumer.Handler[T] {
-	return func(ctx context.Context, e outbox.Event[T]) error {
-		d, n, err := o.dialect(db)
-		if err != nil {
-			return err
-		}
-		q := sqlstore.StdDB(db.DB)
-		seen, err := sqlstore.SeenInInbox(ctx, d, q, n, e.ID)
-		if err != nil || seen {
-			return err
-		}
-		if err := h(ctx, e); err != nil {
-			return err
-		}
-		_, err = sqlstore.RecordInbox(ctx, d, q, n, e.ID)
-		return err
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
 	}
+	return idempotency.SkipSeen(in, h)
 }
 
-// PruneInbox deletes inbox rows older than retention, at most limit per call, and returns
-// how many it deleted. Keep retention longer than the longest redelivery horizon (MaxAttempts
-// × the longest backoff, plus the relay's): a pruned key no longer absorbs a duplicate. Call
-// it periodically from one instance.
+// IdempotentHTTP is [IdempotentHTTPAt] on the default outbox's tables.
+func IdempotentHTTP(db *bun.DB, h idempotency.HTTPTxHandler[bun.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+	return IdempotentHTTPAt(defaultOutbox, db, h, cfg)
+}
+
+// IdempotentHTTPAt returns an http.Handler that runs h in a bun transaction at most once per
+// Idempotency-Key request header: a retried request that already committed gets the stored
+// response, and publishes nothing new. Write h's rows and Publish its events through tx. See
+// [idempotency.HTTPHandler].
+func IdempotentHTTPAt(o *Outbox, db *bun.DB, h idempotency.HTTPTxHandler[bun.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.FailingHTTP(err)
+	}
+	return idempotency.HTTPHandler(in, h, cfg)
+}
+
+// PruneInbox deletes o's inbox rows (and stored HTTP responses) older than retention, at
+// most limit per call, and returns how many inbox rows it deleted. Keep retention longer
+// than the longest redelivery horizon (MaxAttempts × the longest backoff, plus the relay's):
+// a pruned key no longer absorbs a duplicate. Call it periodically from one instance.
 func (o *Outbox) PruneInbox(ctx context.Context, db *bun.DB, retention time.Duration, limit int) (int64, error) {
-	c, n, err := o.consumer(db)
+	in, err := o.NewInbox(db)
 	if err != nil {
 		return 0, err
 	}
-	count, err := c.PruneInbox(ctx, sqlstore.StdDB(db.DB), n, retention, limit)
-	if err != nil {
-		return count, fmt.Errorf("outboxbun: pruning %s: %w", n.Inbox, err)
-	}
-	return count, nil
+	return in.Prune(ctx, retention, limit)
 }
 
 // PruneInbox prunes the default outbox's inbox. See [Outbox.PruneInbox].
@@ -99,21 +134,16 @@ func PruneInbox(ctx context.Context, db *bun.DB, retention time.Duration, limit 
 // NewDeadLetters returns o's dead-letter table over db: the consumer's Config.DeadLetters,
 // and the API to list, replay and discard.
 func (o *Outbox) NewDeadLetters(db *bun.DB) (deadletter.Table, error) {
-	c, n, err := o.consumer(db)
+	d, n, err := o.dialect(db)
 	if err != nil {
 		return nil, err
+	}
+	c, err := sqlstore.Consumer(d)
+	if err != nil {
+		return nil, fmt.Errorf("outboxbun: %w", err)
 	}
 	return c.DeadLetters(sqlstore.StdDB(db.DB), n), nil
 }
 
 // NewDeadLetters returns the default outbox's dead-letter table. See [Outbox.NewDeadLetters].
 func NewDeadLetters(db *bun.DB) (deadletter.Table, error) { return defaultOutbox.NewDeadLetters(db) }
-
-func (o *Outbox) consumer(db *bun.DB) (sqlstore.ConsumerDialect, *sqlstore.Names, error) {
-	d, n, err := o.dialect(db)
-	if err != nil {
-		return nil, nil, err
-	}
-	c, err := sqlstore.Consumer(d)
-	return c, n, err
-}

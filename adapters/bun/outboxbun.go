@@ -73,6 +73,9 @@ func Publish(ctx context.Context, db bun.IDB, events ...outbox.Encodable) error 
 // Migrate creates or upgrades the default outbox's tables. See [Outbox.Migrate].
 func Migrate(ctx context.Context, db *bun.DB) error { return defaultOutbox.Migrate(ctx, db) }
 
+// MigrateTx creates or upgrades the default outbox's tables inside tx. See [Outbox.MigrateTx].
+func MigrateTx(ctx context.Context, tx bun.Tx) error { return defaultOutbox.MigrateTx(ctx, tx) }
+
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
 func NewStore(db *bun.DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/http"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,6 +25,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
@@ -285,7 +288,9 @@ func TestRelayedByOtherAdapters(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				store = other.NewStore(pool)
+				if store, err = other.NewStore(pool); err != nil {
+					t.Fatal(err)
+				}
 			default:
 				d := outboxsql.MySQL
 				if s.dialect == "sqlite" {
@@ -295,7 +300,9 @@ func TestRelayedByOtherAdapters(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				store = other.NewStore(o.DB)
+				if store, err = other.NewStore(o.DB); err != nil {
+					t.Fatal(err)
+				}
 			}
 			q := outboxmem.New(nil)
 			outboxtest.RunRelays(t, store, q, 1, &outbox.RelayConfig{Name: "other"},
@@ -310,42 +317,86 @@ func TestRelayedByOtherAdapters(t *testing.T) {
 	}
 }
 
+// TestIdempotency runs the idempotency suite on every setup: through the package-level
+// functions where the outbox has the default names (SQLite), through the Outbox's otherwise.
 func TestIdempotency(t *testing.T) {
 	for i, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
-			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture {
-				o := newTestOutbox(t, i)
-				effects := o.Table("effects")
-				ctx := context.Background()
-				if _, err := o.db.ExecContext(ctx, "CREATE TABLE "+effects+" (event_id CHAR(36) NOT NULL, text TEXT NOT NULL)"); err != nil {
-					t.Fatal(err)
-				}
-				store, err := o.NewStore(o.db)
-				if err != nil {
-					t.Fatal(err)
-				}
-				dl, err := o.NewDeadLetters(o.db)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return &outboxtest.IdempotencyFixture{
-					Store: store,
-					Handler: func(fail func(outbox.Event[outboxtest.Note]) error) consumer.Handler[outboxtest.Note] {
-						return outboxbun.IdempotentAt(o.Outbox, o.db, func(ctx context.Context, tx bun.Tx, e outbox.Event[outboxtest.Note]) error {
-							if _, err := tx.ExecContext(ctx, "INSERT INTO "+effects+" VALUES (?, ?)", e.ID.String(), e.Payload.Text); err != nil {
-								return err
-							}
-							return fail(e)
-						})
-					},
-					Effects: func(ctx context.Context) (n int, err error) {
-						err = o.db.QueryRowContext(ctx, "SELECT count(*) FROM "+effects).Scan(&n)
-						return n, err
-					},
-					DeadLetters: dl,
-				}
+			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture[bun.Tx] {
+				return newTestOutbox(t, i).idempotencyFixture(t)
 			})
 		})
 	}
+}
+
+func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFixture[bun.Tx] {
+	effects := o.EffectsTable(t)
+	f := &outboxtest.IdempotencyFixture[bun.Tx]{
+		Effect: func(ctx context.Context, tx bun.Tx, id, text string) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+effects+" (id, text) VALUES (?, ?)", id, text)
+			return err
+		},
+		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
+		Pending:  o.Pending,
+		AgeInbox: o.AgeInbox,
+	}
+	var err error
+	if o.DefaultNames() {
+		f.Store, err = outboxbun.NewStore(o.db)
+		if err == nil {
+			f.DeadLetters, err = outboxbun.NewDeadLetters(o.db)
+		}
+		if err == nil {
+			f.Inbox, err = outboxbun.NewInbox(o.db)
+		}
+		f.Publish = func(ctx context.Context, tx bun.Tx, events ...outbox.Encodable) error {
+			return outboxbun.Publish(ctx, tx, events...)
+		}
+		f.Idempotent = func(h idempotency.TxHandler[bun.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxbun.Idempotent(o.db, outboxbun.TxHandler[outboxtest.Note](h))
+		}
+		f.IdempotentGrouped = func(h idempotency.TxHandler[bun.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxbun.IdempotentGrouped(o.db, outboxbun.TxHandler[outboxtest.Note](h), cfg)
+		}
+		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxbun.SkipSeen(o.db, h)
+		}
+		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[bun.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+			return outboxbun.IdempotentHTTP(o.db, h, cfg)
+		}
+		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return outboxbun.PruneInbox(ctx, o.db, retention, limit)
+		}
+	} else {
+		f.Store, err = o.NewStore(o.db)
+		if err == nil {
+			f.DeadLetters, err = o.NewDeadLetters(o.db)
+		}
+		if err == nil {
+			f.Inbox, err = o.NewInbox(o.db)
+		}
+		f.Publish = func(ctx context.Context, tx bun.Tx, events ...outbox.Encodable) error {
+			return o.Publish(ctx, tx, events...)
+		}
+		f.Idempotent = func(h idempotency.TxHandler[bun.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxbun.IdempotentAt(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h))
+		}
+		f.IdempotentGrouped = func(h idempotency.TxHandler[bun.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxbun.IdempotentGroupedAt(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h), cfg)
+		}
+		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxbun.SkipSeenAt(o.Outbox, o.db, h)
+		}
+		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[bun.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+			return outboxbun.IdempotentHTTPAt(o.Outbox, o.db, h, cfg)
+		}
+		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return o.PruneInbox(ctx, o.db, retention, limit)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

@@ -2,8 +2,8 @@ package outboxgorm
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
+	"net/http"
 	"time"
 
 	"gorm.io/gorm"
@@ -11,11 +11,43 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 )
 
 // TxHandler handles an event inside the GORM transaction that also records it in the inbox.
 type TxHandler[T outbox.Payload] func(ctx context.Context, tx *gorm.DB, e outbox.Event[T]) error
+
+// NewInbox returns the default outbox's inbox over db. See [Outbox.NewInbox].
+func NewInbox(db *gorm.DB) (idempotency.Inbox[*gorm.DB], error) { return defaultOutbox.NewInbox(db) }
+
+// NewInbox returns o's idempotency-key table (the inbox) over db's pool, for recording keys
+// in your own GORM transactions (a *gorm.DB inside db.Transaction or Begin), counting them
+// and pruning them; Idempotent, IdempotentGrouped, SkipSeen and IdempotentHTTP are built on
+// it. Its transactions run db.Transaction, with the context InTx is given.
+func (o *Outbox) NewInbox(db *gorm.DB) (idempotency.Inbox[*gorm.DB], error) {
+	d, n, err := o.dialect(db)
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("outboxgorm: NewInbox needs a *gorm.DB over a connection pool: %w", err)
+	}
+	return sqlstore.NewInbox("outboxgorm", d, n, sqlstore.StdDB(sqlDB),
+		func(ctx context.Context, fn func(*gorm.DB) error) error {
+			return db.WithContext(ctx).Transaction(fn)
+		},
+		func(tx *gorm.DB) (sqlstore.Querier, error) {
+			if tx == nil || tx.Statement == nil || tx.Statement.ConnPool == nil {
+				return nil, fmt.Errorf("outboxgorm: %w: got a nil *gorm.DB", outbox.ErrNotInTransaction)
+			}
+			if _, inTx := tx.Statement.ConnPool.(gorm.TxCommitter); !inTx {
+				return nil, fmt.Errorf("outboxgorm: %w: this *gorm.DB is not inside db.Transaction or Begin", outbox.ErrNotInTransaction)
+			}
+			return sqlstore.StdQuerier(tx.Statement.ConnPool), nil
+		})
+}
 
 // Idempotent makes h's database effects happen exactly once per (consumer, event ID) in the
 // default outbox's inbox. See [IdempotentAt].
@@ -28,24 +60,32 @@ func Idempotent[T outbox.Payload](db *gorm.DB, h TxHandler[T]) consumer.Handler[
 // handler's context) only if the pair is new; a duplicate delivery commits nothing and is
 // acknowledged. Write h's effects through tx: they commit together with the inbox row, so
 // a crash before commit re-runs h on redelivery and a crash after commit (before the ack)
-// is absorbed by the inbox.
+// is absorbed by the inbox. A db whose dialect is not supported fails every event
+// permanently. See [idempotency.Once].
 func IdempotentAt[T outbox.Payload](o *Outbox, db *gorm.DB, h TxHandler[T]) consumer.Handler[T] {
-	return func(ctx context.Context, e outbox.Event[T]) error {
-		d, n, err := o.dialect(db)
-		if err != nil {
-			return err
-		}
-		return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			fresh, err := sqlstore.RecordInbox(ctx, d, sqlstore.StdQuerier(tx.Statement.ConnPool), n, e.ID)
-			if err != nil {
-				return fmt.Errorf("outboxgorm: %w", err)
-			}
-			if !fresh {
-				return nil // handled before: a redelivery
-			}
-			return h(ctx, tx, e)
-		})
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
 	}
+	return idempotency.Once(in, idempotency.TxHandler[*gorm.DB, T](h))
+}
+
+// IdempotentGrouped is [IdempotentGroupedAt] on the default outbox's inbox.
+func IdempotentGrouped[T outbox.Payload](db *gorm.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+	return IdempotentGroupedAt(defaultOutbox, db, h, cfg)
+}
+
+// IdempotentGroupedAt is [IdempotentAt] with group commit: events handled at the same time
+// share a transaction, one inbox statement and one commit for up to cfg.MaxEvents events.
+// Use it for busy consumers (Concurrency 32 or more) whose h is a few quick statements; h
+// may run more than once for an event, every run but the last rolled back. See
+// [idempotency.Group].
+func IdempotentGroupedAt[T outbox.Payload](o *Outbox, db *gorm.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.NewGroup(in, idempotency.TxHandler[*gorm.DB, T](h), cfg).Handle
 }
 
 // SkipSeen is the at-least-once mode for handlers whose effects are outside this database
@@ -57,44 +97,43 @@ func SkipSeen[T outbox.Payload](db *gorm.DB, h consumer.Handler[T]) consumer.Han
 // SkipSeenAt skips events the consumer already recorded in o's inbox, runs h, and records
 // the event after h succeeds. A crash between h's success and the record runs h again on
 // redelivery, so h itself must tolerate a rare repeat; what SkipSeen removes is the common
-// duplicate (broker redelivery, a relay's re-send).
+// duplicate (broker redelivery, a relay's re-send). See [idempotency.SkipSeen].
 func SkipSeenAt[T outbox.Payload](o *Outbox, db *gorm.DB, h consumer.Handler[T]) consumer.Handler[T] {
-	return func(ctx context.Context, e outbox.Event[T]) error {
-		d, n, err := o.dialect(db)
-		if err != nil {
-			return err
-		}
-		sqlDB, err := db.DB()
-		if err != nil {
-			return fmt.Errorf("outboxgorm: SkipSeen needs a *gorm.DB over a connection pool: %w", err)
-		}
-		q := sqlstore.StdDB(sqlDB)
-		seen, err := sqlstore.SeenInInbox(ctx, d, q, n, e.ID)
-		if err != nil || seen {
-			return err
-		}
-		if err := h(ctx, e); err != nil {
-			return err
-		}
-		_, err = sqlstore.RecordInbox(ctx, d, q, n, e.ID)
-		return err
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
 	}
+	return idempotency.SkipSeen(in, h)
 }
 
-// PruneInbox deletes inbox rows older than retention, at most limit per call, and returns
-// how many it deleted. Keep retention longer than the longest redelivery horizon (MaxAttempts
-// × the longest backoff, plus the relay's): a pruned key no longer absorbs a duplicate. Call
-// it periodically from one instance.
+// IdempotentHTTP is [IdempotentHTTPAt] on the default outbox's tables.
+func IdempotentHTTP(db *gorm.DB, h idempotency.HTTPTxHandler[*gorm.DB], cfg *idempotency.HTTPConfig) http.Handler {
+	return IdempotentHTTPAt(defaultOutbox, db, h, cfg)
+}
+
+// IdempotentHTTPAt returns an http.Handler that runs h in a GORM transaction at most once per
+// Idempotency-Key request header: a retried request that already committed gets the stored
+// response, and publishes nothing new. Write h's rows and Publish its events through tx
+// (which carries the request's context). See [idempotency.HTTPHandler].
+func IdempotentHTTPAt(o *Outbox, db *gorm.DB, h idempotency.HTTPTxHandler[*gorm.DB], cfg *idempotency.HTTPConfig) http.Handler {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.FailingHTTP(err)
+	}
+	return idempotency.HTTPHandler(in, h, cfg)
+}
+
+// PruneInbox deletes o's inbox rows (and stored HTTP responses) older than retention, at
+// most limit per call, and returns how many inbox rows it deleted; the context is db's.
+// Keep retention longer than the longest redelivery horizon (MaxAttempts × the longest
+// backoff, plus the relay's): a pruned key no longer absorbs a duplicate. Call it
+// periodically from one instance.
 func (o *Outbox) PruneInbox(db *gorm.DB, retention time.Duration, limit int) (int64, error) {
-	c, n, sqlDB, err := o.consumer(db)
+	in, err := o.NewInbox(db)
 	if err != nil {
 		return 0, err
 	}
-	count, err := c.PruneInbox(contextOf(db), sqlstore.StdDB(sqlDB), n, retention, limit)
-	if err != nil {
-		return count, fmt.Errorf("outboxgorm: pruning %s: %w", n.Inbox, err)
-	}
-	return count, nil
+	return in.Prune(contextOf(db), retention, limit)
 }
 
 // PruneInbox prunes the default outbox's inbox. See [Outbox.PruneInbox].
@@ -105,28 +144,20 @@ func PruneInbox(db *gorm.DB, retention time.Duration, limit int) (int64, error) 
 // NewDeadLetters returns o's dead-letter table over db's pool: the consumer's
 // Config.DeadLetters, and the API to list, replay and discard.
 func (o *Outbox) NewDeadLetters(db *gorm.DB) (deadletter.Table, error) {
-	c, n, sqlDB, err := o.consumer(db)
+	d, n, err := o.dialect(db)
 	if err != nil {
 		return nil, err
+	}
+	c, err := sqlstore.Consumer(d)
+	if err != nil {
+		return nil, fmt.Errorf("outboxgorm: %w", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("outboxgorm: NewDeadLetters needs a *gorm.DB over a connection pool: %w", err)
 	}
 	return c.DeadLetters(sqlstore.StdDB(sqlDB), n), nil
 }
 
 // NewDeadLetters returns the default outbox's dead-letter table. See [Outbox.NewDeadLetters].
 func NewDeadLetters(db *gorm.DB) (deadletter.Table, error) { return defaultOutbox.NewDeadLetters(db) }
-
-func (o *Outbox) consumer(db *gorm.DB) (sqlstore.ConsumerDialect, *sqlstore.Names, *sql.DB, error) {
-	d, n, err := o.dialect(db)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	c, err := sqlstore.Consumer(d)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	pool, err := db.DB()
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("outboxgorm: needs a *gorm.DB over a connection pool: %w", err)
-	}
-	return c, n, pool, nil
-}

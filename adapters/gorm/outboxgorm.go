@@ -74,6 +74,9 @@ func Publish(tx *gorm.DB, events ...outbox.Encodable) error {
 // Migrate creates or upgrades the default outbox's tables. See [Outbox.Migrate].
 func Migrate(db *gorm.DB) error { return defaultOutbox.Migrate(db) }
 
+// MigrateTx creates or upgrades the default outbox's tables inside tx. See [Outbox.MigrateTx].
+func MigrateTx(tx *gorm.DB) error { return defaultOutbox.MigrateTx(tx) }
+
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
 func NewStore(db *gorm.DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/http"
 	"testing"
+	"time"
 
 	"github.com/glebarez/sqlite"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -19,6 +21,7 @@ import (
 	outboxgorm "github.com/txoutbox/outbox/adapters/gorm"
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
@@ -265,7 +268,11 @@ func TestRelayedByOutboxsql(t *testing.T) {
 				t.Fatal(err)
 			}
 			q := outboxmem.New(nil)
-			outboxtest.RunRelays(t, other.NewStore(o.DB), q, 1, &outbox.RelayConfig{Name: "outboxsql"},
+			store, err := other.NewStore(o.DB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outboxtest.RunRelays(t, store, q, 1, &outbox.RelayConfig{Name: "outboxsql"},
 				func() bool { return len(q.Sent()) == len(events) })
 			for n, m := range q.Sent() {
 				want, _ := events[n].Encode()
@@ -277,44 +284,87 @@ func TestRelayedByOutboxsql(t *testing.T) {
 	}
 }
 
+// TestIdempotency runs the idempotency suite on every setup: through the package-level
+// functions where the outbox has the default names (SQLite), through the Outbox's otherwise.
 func TestIdempotency(t *testing.T) {
 	for i, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
-			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture {
-				o := newTestOutbox(t, i)
-				effects := o.Table("effects")
-				if err := o.db.Exec("CREATE TABLE " + effects + " (event_id CHAR(36) NOT NULL, text TEXT NOT NULL)").Error; err != nil {
-					t.Fatal(err)
-				}
-				store, err := o.NewStore(o.db)
-				if err != nil {
-					t.Fatal(err)
-				}
-				dl, err := o.NewDeadLetters(o.db)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return &outboxtest.IdempotencyFixture{
-					Store: store,
-					Handler: func(fail func(outbox.Event[outboxtest.Note]) error) consumer.Handler[outboxtest.Note] {
-						return outboxgorm.IdempotentAt(o.Outbox, o.db, func(ctx context.Context, tx *gorm.DB, e outbox.Event[outboxtest.Note]) error {
-							if err := tx.Exec("INSERT INTO "+effects+" VALUES (?, ?)", e.ID.String(), e.Payload.Text).Error; err != nil {
-								return err
-							}
-							return fail(e)
-						})
-					},
-					Effects: func(ctx context.Context) (int, error) {
-						var n int64
-						err := o.db.WithContext(ctx).Table(effects).Count(&n).Error
-						return int(n), err
-					},
-					DeadLetters: dl,
-				}
+			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture[*gorm.DB] {
+				return newTestOutbox(t, i).idempotencyFixture(t)
 			})
 		})
 	}
+}
+
+func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFixture[*gorm.DB] {
+	effects := o.EffectsTable(t)
+	f := &outboxtest.IdempotencyFixture[*gorm.DB]{
+		Effect: func(ctx context.Context, tx *gorm.DB, id, text string) error {
+			return tx.WithContext(ctx).Exec("INSERT INTO "+effects+" (id, text) VALUES (?, ?)", id, text).Error
+		},
+		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
+		Pending:  o.Pending,
+		AgeInbox: o.AgeInbox,
+	}
+	var err error
+	if o.DefaultNames() {
+		f.Store, err = outboxgorm.NewStore(o.db)
+		if err == nil {
+			f.DeadLetters, err = outboxgorm.NewDeadLetters(o.db)
+		}
+		if err == nil {
+			f.Inbox, err = outboxgorm.NewInbox(o.db)
+		}
+		f.Publish = func(ctx context.Context, tx *gorm.DB, events ...outbox.Encodable) error {
+			return outboxgorm.Publish(tx.WithContext(ctx), events...)
+		}
+		f.Idempotent = func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.Idempotent(o.db, outboxgorm.TxHandler[outboxtest.Note](h))
+		}
+		f.IdempotentGrouped = func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.IdempotentGrouped(o.db, outboxgorm.TxHandler[outboxtest.Note](h), cfg)
+		}
+		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.SkipSeen(o.db, h)
+		}
+		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[*gorm.DB], cfg *idempotency.HTTPConfig) http.Handler {
+			return outboxgorm.IdempotentHTTP(o.db, h, cfg)
+		}
+		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return outboxgorm.PruneInbox(o.db.WithContext(ctx), retention, limit)
+		}
+	} else {
+		f.Store, err = o.NewStore(o.db)
+		if err == nil {
+			f.DeadLetters, err = o.NewDeadLetters(o.db)
+		}
+		if err == nil {
+			f.Inbox, err = o.NewInbox(o.db)
+		}
+		f.Publish = func(ctx context.Context, tx *gorm.DB, events ...outbox.Encodable) error {
+			return o.Publish(tx.WithContext(ctx), events...)
+		}
+		f.Idempotent = func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.IdempotentAt(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h))
+		}
+		f.IdempotentGrouped = func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.IdempotentGroupedAt(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h), cfg)
+		}
+		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.SkipSeenAt(o.Outbox, o.db, h)
+		}
+		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[*gorm.DB], cfg *idempotency.HTTPConfig) http.Handler {
+			return outboxgorm.IdempotentHTTPAt(o.Outbox, o.db, h, cfg)
+		}
+		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return o.PruneInbox(o.db.WithContext(ctx), retention, limit)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // TestPrepareStmt: with GORM's PrepareStmt mode the connection pool and transactions are

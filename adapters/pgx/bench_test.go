@@ -270,7 +270,7 @@ func drainRaw(b *testing.B, o *testOutbox, n, batch int) float64 {
 // drainRelay empties the outbox with a relay and returns events/s.
 func drainRelay(b *testing.B, o *testOutbox, n, batch int) float64 {
 	sink := &discard{}
-	relay, err := outbox.NewRelay(o.NewStore(o.pool), sink, &outbox.RelayConfig{BatchSize: batch})
+	relay, err := outbox.NewRelay(o.store(b), sink, &outbox.RelayConfig{BatchSize: batch})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func BenchmarkLatency(b *testing.B) {
 	o := benchOutbox(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	sink := &latencySink{at: map[uuid.UUID]time.Time{}}
-	relay, err := outbox.NewRelay(o.NewStore(o.pool), sink, nil)
+	relay, err := outbox.NewRelay(o.store(b), sink, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,7 +2,9 @@ package outboxpgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -10,6 +12,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 )
 
@@ -19,6 +22,26 @@ var pgConsumer = sqlstore.Postgres.(sqlstore.ConsumerDialect)
 // TxHandler handles an event inside the transaction that also records it in the inbox.
 type TxHandler[T outbox.Payload] func(ctx context.Context, tx pgx.Tx, e outbox.Event[T]) error
 
+// NewInbox returns the default outbox's inbox over db. See [Outbox.NewInbox].
+func NewInbox(db DB) (idempotency.Inbox[pgx.Tx], error) { return defaultOutbox.NewInbox(db) }
+
+// NewInbox returns o's idempotency-key table (the inbox) over db, for recording keys in
+// your own pgx transactions, counting them and pruning them; Idempotent, IdempotentGrouped,
+// SkipSeen and IdempotentHTTP are built on it.
+func (o *Outbox) NewInbox(db DB) (idempotency.Inbox[pgx.Tx], error) {
+	if db == nil {
+		return nil, errors.New("outboxpgx: NewInbox needs a database (a *pgxpool.Pool), got nil")
+	}
+	return sqlstore.NewInbox("outboxpgx", sqlstore.Postgres, o.names, pool{db},
+		func(ctx context.Context, fn func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, db, fn) },
+		func(tx pgx.Tx) (sqlstore.Querier, error) {
+			if tx == nil {
+				return nil, fmt.Errorf("outboxpgx: %w: got a nil pgx.Tx", outbox.ErrNotInTransaction)
+			}
+			return querier{tx}, nil
+		})
+}
+
 // Idempotent makes h's database effects happen exactly once per (consumer, event ID) in the
 // default outbox's inbox. See [IdempotentAt].
 func Idempotent[T outbox.Payload](db DB, h TxHandler[T]) consumer.Handler[T] {
@@ -26,56 +49,83 @@ func Idempotent[T outbox.Payload](db DB, h TxHandler[T]) consumer.Handler[T] {
 }
 
 // IdempotentAt returns a consumer handler that opens a transaction on db, records
-// (consumer name, event ID) in o's inbox with ON CONFLICT DO NOTHING, and runs h in that
-// transaction only if the pair is new; a duplicate delivery commits nothing and is
-// acknowledged. Write h's effects through tx: they commit together with the inbox row, so a
-// crash before commit re-runs h on redelivery and a crash after commit (before the ack) is
-// absorbed by the inbox.
+// (consumer name, event ID) in o's inbox, and runs h in that transaction only if the pair
+// is new; a duplicate delivery commits nothing and is acknowledged. Write h's effects
+// through tx: they commit together with the inbox row, so a crash before commit re-runs h
+// on redelivery and a crash after commit (before the ack) is absorbed by the inbox. See
+// [idempotency.Once].
 func IdempotentAt[T outbox.Payload](o *Outbox, db DB, h TxHandler[T]) consumer.Handler[T] {
-	return func(ctx context.Context, e outbox.Event[T]) error {
-		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			fresh, err := sqlstore.RecordInbox(ctx, sqlstore.Postgres, querier{tx}, o.names, e.ID)
-			if err != nil {
-				return fmt.Errorf("outboxpgx: %w", err)
-			}
-			if !fresh {
-				return nil // handled before: a redelivery
-			}
-			return h(ctx, tx, e)
-		})
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
 	}
+	return idempotency.Once(in, idempotency.TxHandler[pgx.Tx, T](h))
+}
+
+// IdempotentGrouped is [IdempotentGroupedAt] on the default outbox's inbox.
+func IdempotentGrouped[T outbox.Payload](db DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+	return IdempotentGroupedAt(defaultOutbox, db, h, cfg)
+}
+
+// IdempotentGroupedAt is [IdempotentAt] with group commit: events handled at the same time
+// share a transaction, one inbox statement and one commit for up to cfg.MaxEvents events.
+// Use it for busy consumers (Concurrency 32 or more) whose h is a few quick statements; h
+// may run more than once for an event, every run but the last rolled back. See
+// [idempotency.Group].
+func IdempotentGroupedAt[T outbox.Payload](o *Outbox, db DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.NewGroup(in, idempotency.TxHandler[pgx.Tx, T](h), cfg).Handle
 }
 
 // SkipSeen is the at-least-once mode for handlers whose effects are outside this database
-// (an e-mail, an HTTP call): it skips events the consumer already recorded, runs h, and
-// records the event after h succeeds. A crash between h's success and the record runs h
-// again on redelivery, so h itself must tolerate a rare repeat; what SkipSeen removes is the
-// common duplicate (broker redelivery, a relay's re-send).
+// (an e-mail, an HTTP call), on the default outbox's inbox. See [SkipSeenAt].
 func SkipSeen[T outbox.Payload](db DB, h consumer.Handler[T]) consumer.Handler[T] {
 	return SkipSeenAt(defaultOutbox, db, h)
 }
 
-// SkipSeenAt is [SkipSeen] on o's inbox.
+// SkipSeenAt skips events the consumer already recorded in o's inbox, runs h, and records
+// the event after h succeeds. A crash between h's success and the record runs h again on
+// redelivery, so h itself must tolerate a rare repeat; what SkipSeen removes is the common
+// duplicate (broker redelivery, a relay's re-send). See [idempotency.SkipSeen].
 func SkipSeenAt[T outbox.Payload](o *Outbox, db DB, h consumer.Handler[T]) consumer.Handler[T] {
-	return func(ctx context.Context, e outbox.Event[T]) error {
-		seen, err := sqlstore.SeenInInbox(ctx, sqlstore.Postgres, querier{db}, o.names, e.ID)
-		if err != nil || seen {
-			return err
-		}
-		if err := h(ctx, e); err != nil {
-			return err
-		}
-		_, err = sqlstore.RecordInbox(ctx, sqlstore.Postgres, querier{db}, o.names, e.ID)
-		return err
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
 	}
+	return idempotency.SkipSeen(in, h)
 }
 
-// PruneInbox deletes inbox rows older than retention, at most limit per call, and returns
-// how many it deleted. Keep retention longer than the longest redelivery horizon (MaxAttempts
-// × the longest backoff, plus the relay's): a pruned key no longer absorbs a duplicate. Call
-// it periodically from one instance, e.g. every minute with limit 10,000.
+// IdempotentHTTP is [IdempotentHTTPAt] on the default outbox's tables.
+func IdempotentHTTP(db DB, h idempotency.HTTPTxHandler[pgx.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+	return IdempotentHTTPAt(defaultOutbox, db, h, cfg)
+}
+
+// IdempotentHTTPAt returns an http.Handler that runs h in a transaction on db at most once
+// per Idempotency-Key request header: a retried request that already committed gets the
+// stored response, and publishes nothing new. Write h's rows and Publish its events through
+// tx. See [idempotency.HTTPHandler].
+func IdempotentHTTPAt(o *Outbox, db DB, h idempotency.HTTPTxHandler[pgx.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.FailingHTTP(err)
+	}
+	return idempotency.HTTPHandler(in, h, cfg)
+}
+
+// PruneInbox deletes o's inbox rows (and stored HTTP responses) older than retention, at
+// most limit per call, and returns how many inbox rows it deleted. Keep retention longer
+// than the longest redelivery horizon (MaxAttempts × the longest backoff, plus the relay's):
+// a pruned key no longer absorbs a duplicate. Call it periodically from one instance, e.g.
+// every minute with limit 10,000.
 func (o *Outbox) PruneInbox(ctx context.Context, db DB, retention time.Duration, limit int) (int64, error) {
-	return pgConsumer.PruneInbox(ctx, querier{db}, o.names, retention, limit)
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return 0, err
+	}
+	return in.Prune(ctx, retention, limit)
 }
 
 // PruneInbox prunes the default outbox's inbox. See [Outbox.PruneInbox].
@@ -85,9 +135,12 @@ func PruneInbox(ctx context.Context, db DB, retention time.Duration, limit int) 
 
 // NewDeadLetters returns o's dead-letter table over db: the consumer's Config.DeadLetters,
 // and the API to list, replay and discard.
-func (o *Outbox) NewDeadLetters(db DB) deadletter.Table {
-	return pgConsumer.DeadLetters(pool{db}, o.names)
+func (o *Outbox) NewDeadLetters(db DB) (deadletter.Table, error) {
+	if db == nil {
+		return nil, errors.New("outboxpgx: NewDeadLetters needs a database (a *pgxpool.Pool), got nil")
+	}
+	return pgConsumer.DeadLetters(pool{db}, o.names), nil
 }
 
 // NewDeadLetters returns the default outbox's dead-letter table. See [Outbox.NewDeadLetters].
-func NewDeadLetters(db DB) deadletter.Table { return defaultOutbox.NewDeadLetters(db) }
+func NewDeadLetters(db DB) (deadletter.Table, error) { return defaultOutbox.NewDeadLetters(db) }

@@ -13,6 +13,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/idempotency"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
 
@@ -49,7 +50,7 @@ func BenchmarkConsumer(b *testing.B) {
 		if err := q.Send(ctx, msgs); err != nil {
 			b.Fatal(err)
 		}
-		c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.NewDeadLetters(o.pool), Concurrency: concurrency, BatchSize: concurrency})
+		c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.deadLetters(b), Concurrency: concurrency, BatchSize: concurrency})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -76,7 +77,7 @@ func BenchmarkConsumer(b *testing.B) {
 	})
 	idem := measure("idempotent", 32, outboxpgx.IdempotentAt(o.Outbox, pool, effect))
 	grouped := measure("grouped", 32, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, nil))
-	grouped1 := measure("grouped_1tx", 32, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, &outboxpgx.GroupConfig{MaxTransactions: 1}))
+	grouped1 := measure("grouped_1tx", 32, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxTransactions: 1}))
 	grouped64 := measure("grouped_c64", 64, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, nil))
 	// The database's own ceiling: the same transaction from 32 goroutines, no consumer.
 	var next atomic.Int64

@@ -36,10 +36,14 @@ func ExampleIdempotentGrouped() {
 		log.Fatal(err)
 	}
 
+	dead, err := outboxpgx.NewDeadLetters(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
 	queue := outboxmem.New(nil) // in production: outboxsqs, outboxnats or outboxazqueue's receiver
 	c, err := consumer.New(queue, &consumer.Config{
 		Name:        "loyalty",
-		DeadLetters: outboxpgx.NewDeadLetters(pool),
+		DeadLetters: dead,
 		Concurrency: 32, // batches form from the events in flight: the more, the fuller
 		BatchSize:   32,
 	})

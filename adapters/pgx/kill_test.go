@@ -51,7 +51,12 @@ func runChildRelay() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	relay, err := outbox.NewRelay(o.NewStore(pool), tableSender{pool, schema + ".delivered", time.Millisecond},
+	store, err := o.NewStore(pool)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	relay, err := outbox.NewRelay(store, tableSender{pool, schema + ".delivered", time.Millisecond},
 		&outbox.RelayConfig{Name: "child", BatchSize: 100, Lease: 2 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -79,7 +84,7 @@ func TestSIGKILLMidBatchLosesNothing(t *testing.T) {
 		}
 		events = append(events, outbox.New(outboxtestNote{N: i}, outbox.WithKey(key)))
 	}
-	f := o.fixture()
+	f := o.fixture(t)
 	if err := f.Publish(ctx, true, events...); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +115,7 @@ func TestSIGKILLMidBatchLosesNothing(t *testing.T) {
 		t.Fatalf("the child delivered everything (%d) before it was killed; the test proves nothing", atKill)
 	}
 
-	relay, err := outbox.NewRelay(o.NewStore(o.pool), tableSender{pool: o.pool, table: delivered},
+	relay, err := outbox.NewRelay(o.store(t), tableSender{pool: o.pool, table: delivered},
 		&outbox.RelayConfig{Name: "survivor", BatchSize: 100, Lease: 2 * time.Second, MaxPollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

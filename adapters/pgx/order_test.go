@@ -48,9 +48,9 @@ func TestTwoRelaysHundredKeysInOrder(t *testing.T) {
 			}
 		}
 	}()
-	outboxtest.RunRelays(t, o.NewStore(o.pool), q, 2, cfg, func() bool { return len(q.Sent()) >= len(published) })
+	outboxtest.RunRelays(t, o.store(t), q, 2, cfg, func() bool { return len(q.Sent()) >= len(published) })
 	outboxtest.CheckPerKeyOrder(t, published, q.Sent())
-	if n, _ := o.fixture().Pending(ctx); n != 0 {
+	if n, _ := o.fixture(t).Pending(ctx); n != 0 {
 		t.Fatalf("%d events left", n)
 	}
 }
@@ -77,7 +77,7 @@ func TestLateCommitIsNeverSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(o.NewStore(o.pool), q, nil)
+	relay, err := outbox.NewRelay(o.store(t), q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestStaleWriteBackNeverLetsALaterEventOvertake(t *testing.T) {
 	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, x, y) }); err != nil {
 		t.Fatal(err)
 	}
-	store := o.NewStore(o.pool)
+	store := o.store(t)
 	claimedA, err := store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 1, Limit: 1, Lease: time.Millisecond})
 	if err != nil || len(claimedA) != 1 || claimedA[0].Message.ID != x.ID {
 		t.Fatalf("relay A claimed %v, %v; want X alone", claimedA, err)
@@ -126,7 +126,7 @@ func TestStaleWriteBackNeverLetsALaterEventOvertake(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer writeBack.Rollback(ctx)
-	if err := o.NewStore(writeBack).Retry(ctx, 1, []outbox.Retry{{Seq: claimedA[0].Seq, Delay: time.Hour, Error: "send failed"}}); err != nil {
+	if err := o.storeOn(t, writeBack).Retry(ctx, 1, []outbox.Retry{{Seq: claimedA[0].Seq, Delay: time.Hour, Error: "send failed"}}); err != nil {
 		t.Fatal(err)
 	}
 

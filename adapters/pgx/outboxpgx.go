@@ -63,8 +63,11 @@ func Publish(ctx context.Context, tx Tx, events ...outbox.Encodable) error {
 // Migrate creates or upgrades the default outbox's tables. See [Outbox.Migrate].
 func Migrate(ctx context.Context, db DB) error { return defaultOutbox.Migrate(ctx, db) }
 
+// MigrateTx creates or upgrades the default outbox's tables inside tx. See [Outbox.MigrateTx].
+func MigrateTx(ctx context.Context, tx pgx.Tx) error { return defaultOutbox.MigrateTx(ctx, tx) }
+
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db DB) outbox.Store { return defaultOutbox.NewStore(db) }
+func NewStore(db DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
 
 // copyThreshold is the batch size from which COPY beats a multi-row INSERT: COPY costs an
 // extra round trip to describe the table, repaid from a few dozen rows on.
@@ -109,6 +112,9 @@ func (o *Outbox) copy(ctx context.Context, tx Tx, msgs []outbox.Message) error {
 // Migrate creates or upgrades the outbox's tables in one transaction; concurrent callers
 // wait for each other. It is safe to call at every start.
 func (o *Outbox) Migrate(ctx context.Context, db DB) error {
+	if db == nil {
+		return errors.New("outboxpgx: Migrate needs a database (a *pgxpool.Pool), got nil")
+	}
 	if err := sqlstore.Postgres.Migrate(ctx, pool{db}, o.names); err != nil {
 		return fmt.Errorf("outboxpgx: migrating: %w", err)
 	}
@@ -118,6 +124,9 @@ func (o *Outbox) Migrate(ctx context.Context, db DB) error {
 // MigrateTx is Migrate inside the caller's transaction, for applications that run their
 // own migrations in one transaction.
 func (o *Outbox) MigrateTx(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return fmt.Errorf("outboxpgx: %w: MigrateTx got a nil pgx.Tx", outbox.ErrNotInTransaction)
+	}
 	if err := sqlstore.Postgres.Migrate(ctx, pool{tx}, o.names); err != nil {
 		return fmt.Errorf("outboxpgx: migrating: %w", err)
 	}
@@ -125,7 +134,12 @@ func (o *Outbox) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 }
 
 // NewStore returns the relay's store for this outbox over db (normally a *pgxpool.Pool).
-func (o *Outbox) NewStore(db DB) outbox.Store { return sqlstore.Postgres.Store(pool{db}, o.names) }
+func (o *Outbox) NewStore(db DB) (outbox.Store, error) {
+	if db == nil {
+		return nil, errors.New("outboxpgx: NewStore needs a database (a *pgxpool.Pool), got nil")
+	}
+	return sqlstore.Postgres.Store(pool{db}, o.names), nil
+}
 
 // querier adapts anything that executes pgx statements to sqlstore.Querier.
 type querier struct {

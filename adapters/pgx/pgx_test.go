@@ -12,6 +12,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
@@ -27,17 +28,30 @@ type testOutbox struct {
 	*outboxpgx.Outbox
 	pool   *pgxpool.Pool
 	schema string
+	pt     *pgxtest.Outbox
 }
 
 func newTestOutbox(t testing.TB) *testOutbox {
 	t.Helper()
 	o := pgxtest.New(t, "t")
-	return &testOutbox{Outbox: o.Outbox, pool: o.Pool, schema: o.Schema}
+	return &testOutbox{Outbox: o.Outbox, pool: o.Pool, schema: o.Schema, pt: o}
 }
 
-func (o *testOutbox) fixture() *outboxtest.StoreFixture {
+// store is the outbox's relay store over its pool.
+func (o *testOutbox) store(t testing.TB) outbox.Store { return o.pt.Store(t) }
+
+// storeOn is the outbox's relay store over db.
+func (o *testOutbox) storeOn(t testing.TB, db outboxpgx.DB) outbox.Store {
+	t.Helper()
+	return mustStore(t, o.Outbox, db)
+}
+
+// deadLetters is the outbox's dead-letter table over its pool.
+func (o *testOutbox) deadLetters(t testing.TB) deadletter.Table { return o.pt.DeadLetters(t) }
+
+func (o *testOutbox) fixture(t testing.TB) *outboxtest.StoreFixture {
 	return &outboxtest.StoreFixture{
-		Store: o.NewStore(o.pool),
+		Store: o.store(t),
 		Publish: func(ctx context.Context, commit bool, events ...outbox.Encodable) error {
 			return pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 				if err := o.Publish(ctx, tx, events...); err != nil {
@@ -68,7 +82,7 @@ var errRollback error = rollback{}
 
 func TestConformance(t *testing.T) {
 	outboxtest.ExerciseStore(t, func(t *testing.T) *outboxtest.StoreFixture {
-		f := newTestOutbox(t).fixture()
+		f := newTestOutbox(t).fixture(t)
 		inner := f.Publish
 		f.Publish = func(ctx context.Context, commit bool, events ...outbox.Encodable) error {
 			if err := inner(ctx, commit, events...); err != nil && err != errRollback {

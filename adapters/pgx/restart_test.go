@@ -283,7 +283,7 @@ func TestPostgresCrashRestartLosesNothing(t *testing.T) {
 
 	var epoch atomic.Int32 // how many crashes have started
 	sender := &recordingSender{}
-	store := &ackStore{Store: o.NewStore(pool), epoch: &epoch, ids: map[int64]uuid.UUID{},
+	store := &ackStore{Store: mustStore(t, o, pool), epoch: &epoch, ids: map[int64]uuid.UUID{},
 		acked: map[uuid.UUID]int32{}, undone: map[uuid.UUID]bool{}}
 	// Lease 1s (the minimum): leases taken before a crash expire soon after the restart.
 	// MaxAttempts stays at its default: failed store calls count no attempts, and a message
@@ -445,7 +445,11 @@ func TestPostgresCrashRestartLosesNothing(t *testing.T) {
 	if len(ghosts) > 0 {
 		t.Errorf("%d events that never committed were delivered: %v", len(ghosts), ghosts)
 	}
-	dl, err := o.NewDeadLetters(pool).List(ctx, deadletter.Filter{})
+	dlt, err := o.NewDeadLetters(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := dlt.List(ctx, deadletter.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,4 +534,14 @@ func produceOne(ctx context.Context, pool *pgxpool.Pool, o *outboxpgx.Outbox, le
 	}
 	led.committed = append(led.committed, events...)
 	return true
+}
+
+// mustStore is o's relay store over db, failing t on an error.
+func mustStore(t testing.TB, o *outboxpgx.Outbox, db outboxpgx.DB) outbox.Store {
+	t.Helper()
+	s, err := o.NewStore(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -35,7 +35,7 @@ func TestTraceFollowsTheEvent(t *testing.T) {
 	want := request.SpanContext()
 
 	q := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(o.NewStore(o.pool), q, nil)
+	relay, err := outbox.NewRelay(o.store(t), q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestTraceFollowsTheEvent(t *testing.T) {
 		t.Fatalf("relay: %d, %v", n, err)
 	}
 
-	c, err := consumer.New(q, &consumer.Config{Name: "tracer", DeadLetters: o.NewDeadLetters(o.pool)})
+	c, err := consumer.New(q, &consumer.Config{Name: "tracer", DeadLetters: o.deadLetters(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

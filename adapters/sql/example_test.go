@@ -5,8 +5,11 @@ import (
 	"database/sql"
 	"fmt"
 	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 
 	_ "modernc.org/sqlite" // pure-Go SQLite driver, registered as "sqlite"
 
@@ -37,11 +40,8 @@ func Example() {
 	}
 	defer db.Close()
 
-	ob, err := outboxsql.New(outboxsql.SQLite, outbox.Tables{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := ob.Migrate(ctx, db); err != nil {
+	// database/sql cannot tell the dialect: the package-level functions take it first.
+	if err := outboxsql.Migrate(ctx, outboxsql.SQLite, db); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, "CREATE TABLE files (id TEXT PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
@@ -57,7 +57,7 @@ func Example() {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO files (id, name) VALUES (?, ?)", "f-1", "report.csv"); err != nil {
 		log.Fatal(err)
 	}
-	if err := ob.Publish(ctx, tx, outbox.New(FileUploaded{FileID: "f-1"}, outbox.WithKey("f-1"))); err != nil {
+	if err := outboxsql.Publish(ctx, outboxsql.SQLite, tx, outbox.New(FileUploaded{FileID: "f-1"}, outbox.WithKey("f-1"))); err != nil {
 		log.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -65,8 +65,12 @@ func Example() {
 	}
 
 	// Relay: normally `go relay.Run(ctx)` next to a real transport.
+	store, err := outboxsql.NewStore(outboxsql.SQLite, db)
+	if err != nil {
+		log.Fatal(err)
+	}
 	queue := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(ob.NewStore(db), queue, nil)
+	relay, err := outbox.NewRelay(store, queue, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -77,4 +81,66 @@ func Example() {
 		fmt.Println(m.Type, m.Key, string(m.Body))
 	}
 	// Output: files.uploaded f-1 {"file_id":"f-1"}
+}
+
+// OrderCreated is an event payload.
+type OrderCreated struct {
+	OrderID string `json:"order_id"`
+}
+
+func (OrderCreated) EventType() string { return "orders.created" }
+
+// An HTTP handler that creates an order and publishes its event runs once per
+// Idempotency-Key: the client's retry gets the stored response, and no second order or
+// event is written.
+func ExampleIdempotentHTTP() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "outboxsql-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if err := outboxsql.Migrate(ctx, outboxsql.SQLite, db); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)"); err != nil {
+		log.Fatal(err)
+	}
+
+	createOrder := outboxsql.IdempotentHTTP(outboxsql.SQLite, db, func(w http.ResponseWriter, r *http.Request, tx *sql.Tx) error {
+		res, err := tx.ExecContext(r.Context(), "INSERT INTO orders (item) VALUES (?)", r.FormValue("item"))
+		if err != nil {
+			return err
+		}
+		id, _ := res.LastInsertId()
+		orderID := fmt.Sprintf("order-%d", id)
+		if err := outboxsql.Publish(r.Context(), outboxsql.SQLite, tx, outbox.New(OrderCreated{OrderID: orderID}, outbox.WithKey(orderID))); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, err = fmt.Fprintln(w, orderID)
+		return err
+	}, nil)
+
+	for range 2 { // the client retries: its first response was lost on the way
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader("item=book"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		w := httptest.NewRecorder()
+		createOrder.ServeHTTP(w, req)
+		fmt.Print(w.Code, " ", w.Header().Get("Idempotent-Replayed"), " ", w.Body)
+	}
+	var orders, events int
+	_ = db.QueryRowContext(ctx, "SELECT count(*) FROM orders").Scan(&orders)
+	_ = db.QueryRowContext(ctx, "SELECT count(*) FROM outbox").Scan(&events)
+	fmt.Println("orders:", orders, "events:", events)
+	// Output:
+	// 201  order-1
+	// 201 true order-1
+	// orders: 1 events: 1
 }

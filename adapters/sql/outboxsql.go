@@ -2,14 +2,20 @@
 // sqlc, ent or plain *sql.Tx: Publish writes events in the caller's transaction, and
 // NewStore gives the relay its leased claims over a *sql.DB.
 //
-// database/sql cannot tell which database a driver speaks, so the dialect is chosen
+// database/sql cannot tell which database a driver speaks, so the dialect is given
 // explicitly: [Postgres] (pgx's stdlib driver, lib/pq, bun's pgdriver…), [MySQL] (MySQL
 // 8.0.13+ or MariaDB 10.6+ through github.com/go-sql-driver/mysql) or [SQLite] (SQLite
-// 3.35+, e.g. modernc.org/sqlite, which needs no cgo). Each dialect's SQL is the one the
-// other adapters use, so any adapter's relay delivers events written through this one.
+// 3.35+, e.g. modernc.org/sqlite, which needs no cgo). The package-level functions are the
+// other adapters' with the dialect before the database handle —
+// outboxsql.Publish(ctx, outboxsql.Postgres, tx, events...) — and an [Outbox] from [New]
+// carries its dialect, so its methods are exactly the other adapters'. Each dialect's SQL is
+// the one the other adapters use, so any adapter's relay delivers events written through
+// this one.
 //
-// On the consumer side, IdempotentAt runs a handler in a transaction that also records the
-// event in the inbox, and NewDeadLetters opens the dead-letter table.
+// On the consumer side, Idempotent runs a handler in a transaction that also records the
+// event in the inbox (IdempotentGrouped groups events into shared transactions, SkipSeen
+// skips duplicates of effects outside the database), IdempotentHTTP makes a POST handler
+// idempotent per Idempotency-Key, and NewDeadLetters opens the dead-letter table.
 package outboxsql
 
 import (
@@ -59,7 +65,9 @@ type Tx interface {
 	Rollback() error
 }
 
-// Outbox is an outbox of one dialect at configured table names.
+// Outbox is an outbox of one dialect at configured table names. The package-level functions
+// use the default names (table "outbox" in the connection's default schema) of the dialect
+// they are given.
 type Outbox struct {
 	d     sqlstore.Dialect
 	names *sqlstore.Names
@@ -82,6 +90,64 @@ func New(d Dialect, t outbox.Tables) (*Outbox, error) {
 // Dialect returns the outbox's dialect.
 func (o *Outbox) Dialect() Dialect { return Dialect{o.d} }
 
+// defaults are the outboxes at the default names, by dialect name.
+var defaults = func() map[string]*Outbox {
+	out := map[string]*Outbox{}
+	for _, d := range []Dialect{Postgres, MySQL, SQLite} {
+		o, err := New(d, outbox.Tables{})
+		if err != nil {
+			panic(err)
+		}
+		out[d.String()] = o
+	}
+	return out
+}()
+
+// defaultOutbox returns d's outbox at the default names.
+func defaultOutbox(d Dialect) (*Outbox, error) {
+	if d.d == nil {
+		return nil, errors.New("outboxsql: no dialect given (outboxsql.Postgres, MySQL or SQLite)")
+	}
+	return defaults[d.String()], nil
+}
+
+// Publish writes events to dialect d's default outbox inside tx. See [Outbox.Publish].
+func Publish(ctx context.Context, d Dialect, tx Tx, events ...outbox.Encodable) error {
+	o, err := defaultOutbox(d)
+	if err != nil {
+		return err
+	}
+	return o.Publish(ctx, tx, events...)
+}
+
+// Migrate creates or upgrades dialect d's default outbox tables. See [Outbox.Migrate].
+func Migrate(ctx context.Context, d Dialect, db *sql.DB) error {
+	o, err := defaultOutbox(d)
+	if err != nil {
+		return err
+	}
+	return o.Migrate(ctx, db)
+}
+
+// MigrateTx creates or upgrades dialect d's default outbox tables inside tx. See
+// [Outbox.MigrateTx].
+func MigrateTx(ctx context.Context, d Dialect, tx *sql.Tx) error {
+	o, err := defaultOutbox(d)
+	if err != nil {
+		return err
+	}
+	return o.MigrateTx(ctx, tx)
+}
+
+// NewStore returns the relay store of dialect d's default outbox. See [Outbox.NewStore].
+func NewStore(d Dialect, db *sql.DB) (outbox.Store, error) {
+	o, err := defaultOutbox(d)
+	if err != nil {
+		return nil, err
+	}
+	return o.NewStore(db)
+}
+
 // Publish writes events inside tx; they become visible to the relay when tx commits and
 // vanish if it rolls back. An event that cannot be encoded fails the call before anything
 // is written, so the caller can roll back. Up to 1000 events cost one statement.
@@ -100,6 +166,9 @@ func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable)
 // MySQL commits DDL as it goes, so there a lock keeps migrators apart and every step is
 // idempotent: an interrupted migration completes at the next call.
 func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
+	if db == nil {
+		return errors.New("outboxsql: Migrate needs a *sql.DB, got nil")
+	}
 	if err := o.d.Migrate(ctx, sqlstore.StdDB(db), o.names); err != nil {
 		return fmt.Errorf("outboxsql: migrating %s (%s): %w", o.names.Outbox, o.d.Name(), err)
 	}
@@ -110,6 +179,9 @@ func (o *Outbox) Migrate(ctx context.Context, db *sql.DB) error {
 // own migrations in one transaction (PostgreSQL, SQLite). On MySQL it fails without doing
 // anything: DDL would commit the caller's transaction.
 func (o *Outbox) MigrateTx(ctx context.Context, tx *sql.Tx) error {
+	if tx == nil {
+		return fmt.Errorf("outboxsql: %w: MigrateTx got a nil *sql.Tx", outbox.ErrNotInTransaction)
+	}
 	if o.d == sqlstore.MySQL {
 		return errors.New("outboxsql: MigrateTx is not possible on MySQL, whose DDL commits the transaction; use Migrate")
 	}
@@ -120,4 +192,9 @@ func (o *Outbox) MigrateTx(ctx context.Context, tx *sql.Tx) error {
 }
 
 // NewStore returns the relay's store for this outbox over db.
-func (o *Outbox) NewStore(db *sql.DB) outbox.Store { return o.d.Store(sqlstore.StdDB(db), o.names) }
+func (o *Outbox) NewStore(db *sql.DB) (outbox.Store, error) {
+	if db == nil {
+		return nil, errors.New("outboxsql: NewStore needs a *sql.DB, got nil")
+	}
+	return o.d.Store(sqlstore.StdDB(db), o.names), nil
+}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
 	"github.com/txoutbox/outbox/outboxtest"
@@ -57,6 +59,16 @@ func newTestOutbox(t testing.TB, name string, d outboxsql.Dialect, driver string
 	return &testOutbox{Outbox: o, Target: tg}
 }
 
+// store is the outbox's relay store.
+func (o *testOutbox) store(t testing.TB) outbox.Store {
+	t.Helper()
+	s, err := o.NewStore(o.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // publish is the fixtures' Publish: one BeginTx transaction, committed or rolled back.
 func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.Encodable) error {
 	tx, err := o.DB.BeginTx(ctx, nil)
@@ -78,7 +90,7 @@ func TestConformance(t *testing.T) {
 			t.Parallel()
 			outboxtest.ExerciseStore(t, func(t *testing.T) *outboxtest.StoreFixture {
 				o := newTestOutbox(t, d.name, d.dialect, d.driver)
-				return o.Fixture(o.NewStore(o.DB), o.publish)
+				return o.Fixture(o.store(t), o.publish)
 			})
 		})
 	}
@@ -97,7 +109,7 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			o := &testOutbox{Outbox: ob, Target: tg}
-			return o.Fixture(o.NewStore(o.DB), o.publish)
+			return o.Fixture(o.store(t), o.publish)
 		})
 	})
 }
@@ -146,7 +158,7 @@ func TestBusinessRowAndEventCommitTogether(t *testing.T) {
 				t.Fatal(err)
 			}
 			q := outboxmem.New(nil)
-			relay, err := outbox.NewRelay(o.NewStore(o.DB), q, nil)
+			relay, err := outbox.NewRelay(o.store(t), q, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -298,7 +310,7 @@ func TestLargeBatchSplitsStatements(t *testing.T) {
 			if err := o.publish(ctx, true, events...); err != nil {
 				t.Fatal(err)
 			}
-			store := o.NewStore(o.DB)
+			store := o.store(t)
 			var got []outbox.Claimed
 			for len(got) < len(events) {
 				c, err := store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 1000, Lease: time.Minute})
@@ -327,83 +339,89 @@ func TestLargeBatchSplitsStatements(t *testing.T) {
 	}
 }
 
+// TestIdempotency runs the idempotency suite on every dialect: through the package-level
+// functions where the outbox has the default names (SQLite), through the Outbox's otherwise.
 func TestIdempotency(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
-			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture {
-				o := newTestOutbox(t, d.name, d.dialect, d.driver)
-				effects := o.Table("effects")
-				if _, err := o.DB.ExecContext(context.Background(), "CREATE TABLE "+effects+" (event_id CHAR(36) NOT NULL, text TEXT NOT NULL)"); err != nil {
-					t.Fatal(err)
-				}
-				insert := rebind(d.name, "INSERT INTO "+effects+" VALUES (?, ?)")
-				return &outboxtest.IdempotencyFixture{
-					Store: o.NewStore(o.DB),
-					Handler: func(fail func(outbox.Event[outboxtest.Note]) error) consumer.Handler[outboxtest.Note] {
-						return outboxsql.IdempotentAt(o.Outbox, o.DB, func(ctx context.Context, tx *sql.Tx, e outbox.Event[outboxtest.Note]) error {
-							if _, err := tx.ExecContext(ctx, insert, e.ID.String(), e.Payload.Text); err != nil {
-								return err
-							}
-							return fail(e)
-						})
-					},
-					Effects: func(ctx context.Context) (n int, err error) {
-						err = o.DB.QueryRowContext(ctx, "SELECT count(*) FROM "+effects).Scan(&n)
-						return n, err
-					},
-					DeadLetters: o.NewDeadLetters(o.DB),
-				}
+			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture[*sql.Tx] {
+				return newTestOutbox(t, d.name, d.dialect, d.driver).idempotencyFixture(t, d.dialect)
 			})
 		})
 	}
 }
 
-// TestPruneInbox: pruning removes expired inbox rows, at most limit per call, and keeps
-// recent ones; SkipSeen skips an event already recorded.
-func TestPruneInbox(t *testing.T) {
-	for _, d := range dialects {
-		t.Run(d.name, func(t *testing.T) {
-			t.Parallel()
-			o := newTestOutbox(t, d.name, d.dialect, d.driver)
-			ctx := consumer.WithInfo(context.Background(), consumer.Info{Consumer: "pruner"})
-			h := outboxsql.IdempotentAt(o.Outbox, o.DB, func(context.Context, *sql.Tx, outbox.Event[OrderPlaced]) error { return nil })
-			events := make([]outbox.Event[OrderPlaced], 5)
-			for i := range events {
-				events[i] = outbox.New(OrderPlaced{int64(i)})
-				if err := h(ctx, events[i]); err != nil {
-					t.Fatal(err)
-				}
-			}
-			inbox := strings.Replace(o.MigrationsTable(), "_migrations", "_inbox", 1)
-			old := map[string]string{
-				"postgres": "now() - interval '2 days'",
-				"mysql":    "UTC_TIMESTAMP(6) - INTERVAL 2 DAY",
-				"sqlite":   "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 days')",
-			}[d.name]
-			for _, e := range events[:3] {
-				if _, err := o.DB.ExecContext(ctx, rebind(d.name, "UPDATE "+inbox+" SET processed_at = "+old+" WHERE event_id = ?"), e.ID.String()); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if n, err := o.PruneInbox(ctx, o.DB, 24*time.Hour, 2); err != nil || n != 2 {
-				t.Fatalf("first prune: %d, %v; want 2 (the limit)", n, err)
-			}
-			if n, err := o.PruneInbox(ctx, o.DB, 24*time.Hour, 100); err != nil || n != 1 {
-				t.Fatalf("second prune: %d, %v; want the last expired row", n, err)
-			}
-			ran := 0
-			skip := outboxsql.SkipSeenAt(o.Outbox, o.DB, func(context.Context, outbox.Event[OrderPlaced]) error { ran++; return nil })
-			for _, e := range []outbox.Event[OrderPlaced]{events[4], events[0], events[0]} {
-				if err := skip(ctx, e); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if ran != 1 {
-				t.Fatalf("SkipSeen ran the handler %d times, want 1 (the pruned event, once)", ran)
-			}
-		})
+func (o *testOutbox) idempotencyFixture(t *testing.T, d outboxsql.Dialect) *outboxtest.IdempotencyFixture[*sql.Tx] {
+	effects := o.EffectsTable(t)
+	insert := o.Rebind("INSERT INTO " + effects + " (id, text) VALUES (?, ?)")
+	f := &outboxtest.IdempotencyFixture[*sql.Tx]{
+		Effect: func(ctx context.Context, tx *sql.Tx, id, text string) error {
+			_, err := tx.ExecContext(ctx, insert, id, text)
+			return err
+		},
+		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
+		Pending:  o.Pending,
+		AgeInbox: o.AgeInbox,
 	}
+	var err error
+	if o.DefaultNames() {
+		f.Store, err = outboxsql.NewStore(d, o.DB)
+		if err == nil {
+			f.DeadLetters, err = outboxsql.NewDeadLetters(d, o.DB)
+		}
+		if err == nil {
+			f.Inbox, err = outboxsql.NewInbox(d, o.DB)
+		}
+		f.Publish = func(ctx context.Context, tx *sql.Tx, events ...outbox.Encodable) error {
+			return outboxsql.Publish(ctx, d, tx, events...)
+		}
+		f.Idempotent = func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxsql.Idempotent(d, o.DB, outboxsql.TxHandler[outboxtest.Note](h))
+		}
+		f.IdempotentGrouped = func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxsql.IdempotentGrouped(d, o.DB, outboxsql.TxHandler[outboxtest.Note](h), cfg)
+		}
+		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxsql.SkipSeen(d, o.DB, h)
+		}
+		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[*sql.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+			return outboxsql.IdempotentHTTP(d, o.DB, h, cfg)
+		}
+		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return outboxsql.PruneInbox(ctx, d, o.DB, retention, limit)
+		}
+	} else {
+		f.Store, err = o.NewStore(o.DB)
+		if err == nil {
+			f.DeadLetters, err = o.NewDeadLetters(o.DB)
+		}
+		if err == nil {
+			f.Inbox, err = o.NewInbox(o.DB)
+		}
+		f.Publish = func(ctx context.Context, tx *sql.Tx, events ...outbox.Encodable) error {
+			return o.Publish(ctx, tx, events...)
+		}
+		f.Idempotent = func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxsql.IdempotentAt(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h))
+		}
+		f.IdempotentGrouped = func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxsql.IdempotentGroupedAt(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h), cfg)
+		}
+		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxsql.SkipSeenAt(o.Outbox, o.DB, h)
+		}
+		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[*sql.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+			return outboxsql.IdempotentHTTPAt(o.Outbox, o.DB, h, cfg)
+		}
+		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return o.PruneInbox(ctx, o.DB, retention, limit)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // TestContextIsHonoured: a cancelled context stops Publish and the store's calls with the
@@ -423,7 +441,7 @@ func TestContextIsHonoured(t *testing.T) {
 			if err := o.Publish(ctx, tx, outbox.New(OrderPlaced{1})); !errors.Is(err, context.Canceled) {
 				t.Errorf("Publish with a cancelled context = %v, want context.Canceled", err)
 			}
-			if _, err := o.NewStore(o.DB).Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute}); !errors.Is(err, context.Canceled) {
+			if _, err := o.store(t).Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute}); !errors.Is(err, context.Canceled) {
 				t.Errorf("Claim with a cancelled context = %v, want context.Canceled", err)
 			}
 			if err := o.Migrate(ctx, o.DB); !errors.Is(err, context.Canceled) {
@@ -446,7 +464,7 @@ func TestRelayDeadLetterRoundTrip(t *testing.T) {
 			if err := o.publish(ctx, true, e); err != nil {
 				t.Fatal(err)
 			}
-			store := o.NewStore(o.DB)
+			store := o.store(t)
 			c, err := store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 3, Limit: 10, Lease: time.Minute})
 			if err != nil || len(c) != 1 {
 				t.Fatalf("claim: %d, %v", len(c), err)
@@ -461,7 +479,10 @@ func TestRelayDeadLetterRoundTrip(t *testing.T) {
 			if err := store.DeadLetter(ctx, 4, []outbox.DeadLetter{{Seq: c[0].Seq, Reason: "broker says no"}}); err != nil {
 				t.Fatal(err)
 			}
-			dl := o.NewDeadLetters(o.DB)
+			dl, err := o.NewDeadLetters(o.DB)
+			if err != nil {
+				t.Fatal(err)
+			}
 			entries, err := dl.List(ctx, deadletter.Filter{Stage: deadletter.StageRelay, Since: before})
 			if err != nil || len(entries) != 1 {
 				t.Fatalf("List: %d entries, %v", len(entries), err)
@@ -514,6 +535,6 @@ func TestSQLiteSeveralRelaysKeepOrder(t *testing.T) {
 	cfg := &outbox.RelayConfig{Name: "sqlite", BatchSize: 5, MaxAttempts: 1000, Lease: 2 * time.Second,
 		SendTimeout: time.Second, MinPollInterval: time.Millisecond, MaxPollInterval: 10 * time.Millisecond,
 		RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond}
-	outboxtest.RunRelays(t, o.NewStore(o.DB), q, 3, cfg, func() bool { return len(q.Sent()) >= len(events) })
+	outboxtest.RunRelays(t, o.store(t), q, 3, cfg, func() bool { return len(q.Sent()) >= len(events) })
 	outboxtest.CheckPerKeyOrder(t, events, q.Sent())
 }

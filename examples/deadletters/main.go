@@ -112,11 +112,18 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	}
 
 	broker := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(box.NewStore(pool), broker, nil)
+	store, err := box.NewStore(pool)
 	if err != nil {
 		return err
 	}
-	dead := box.NewDeadLetters(pool)
+	relay, err := outbox.NewRelay(store, broker, nil)
+	if err != nil {
+		return err
+	}
+	dead, err := box.NewDeadLetters(pool)
+	if err != nil {
+		return err
+	}
 	worker, err := consumer.New(broker, &consumer.Config{
 		Name: "daily-report", DeadLetters: dead,
 		// Three tries, ~50ms then ~100ms apart (with jitter); production waits longer.

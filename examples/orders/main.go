@@ -101,7 +101,11 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(box.NewStore(db), sender, nil)
+	store, err := box.NewStore(db)
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewRelay(store, sender, nil)
 	if err != nil {
 		return err
 	}
@@ -111,7 +115,11 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	loyalty, err := consumer.New(&loseOneAck{Receiver: receiver}, &consumer.Config{Name: "loyalty", DeadLetters: box.NewDeadLetters(db)})
+	dead, err := box.NewDeadLetters(db)
+	if err != nil {
+		return err
+	}
+	loyalty, err := consumer.New(&loseOneAck{Receiver: receiver}, &consumer.Config{Name: "loyalty", DeadLetters: dead})
 	if err != nil {
 		return err
 	}

@@ -82,13 +82,20 @@ func run(w io.Writer, kind, dsn string) error {
 
 	// The relay: committed events from the outbox to the broker.
 	broker := outboxmem.New(&outboxmem.Config{VisibilityTimeout: time.Second})
-	relay, err := outbox.NewRelay(box.NewStore(db), broker, nil)
+	store, err := box.NewStore(db)
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewRelay(store, broker, nil)
 	if err != nil {
 		return err
 	}
 	// The worker: parses the file and marks the task done, in one transaction with the
 	// inbox row, so a redelivered event changes nothing.
-	dead := box.NewDeadLetters(db)
+	dead, err := box.NewDeadLetters(db)
+	if err != nil {
+		return err
+	}
 	worker, err := consumer.New(broker, &consumer.Config{Name: "parser", DeadLetters: dead})
 	if err != nil {
 		return err

@@ -7,21 +7,29 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/idempotency"
 )
 
-// ConsumerDialect is the consumer side of a dialect: the inbox and the dead-letter table.
+// ConsumerDialect is the consumer side of a dialect: the inbox (idempotency keys, and the
+// HTTP responses stored with them) and the dead-letter table.
 type ConsumerDialect interface {
-	// InsertInbox records that consumer handled event id, inside the handler's transaction
-	// q. It returns false when the pair was already recorded: a duplicate delivery.
-	InsertInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error)
-	// SeenInbox reports whether the pair is recorded.
-	SeenInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error)
-	// PruneInbox deletes up to limit inbox rows older than olderThan and returns how many.
+	// InsertInbox records key inside the caller's transaction q. It returns false when key
+	// was recorded before: a duplicate.
+	InsertInbox(ctx context.Context, q Querier, n *Names, key idempotency.Key) (bool, error)
+	// InsertInboxMany records keys inside q; fresh[i] is false when keys[i] was recorded
+	// before or appears earlier in keys.
+	InsertInboxMany(ctx context.Context, q Querier, n *Names, keys []idempotency.Key) (fresh []bool, err error)
+	// SeenInbox reports whether key is recorded.
+	SeenInbox(ctx context.Context, q Querier, n *Names, key idempotency.Key) (bool, error)
+	// PruneInbox deletes up to limit inbox rows older than olderThan, and up to limit stored
+	// responses as old, and returns how many inbox rows it deleted.
 	PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error)
+	// SaveResponse stores an HTTP response under key inside q.
+	SaveResponse(ctx context.Context, q Querier, n *Names, key idempotency.Key, r idempotency.Response) error
+	// LoadResponse reads the response stored under key.
+	LoadResponse(ctx context.Context, q Querier, n *Names, key idempotency.Key) (idempotency.Response, bool, error)
 	// DeadLetters returns the dead-letter table over db.
 	DeadLetters(db DB, n *Names) deadletter.Table
 }

@@ -55,6 +55,7 @@ type Names struct {
 	Outbox       string // quoted, qualified
 	DeadLetters  string
 	Inbox        string
+	Responses    string // the HTTP Idempotency-Key responses
 	Migrations   string
 	ClaimFunc    string // PostgreSQL: claim and complete functions
 	CompleteFunc string
@@ -92,6 +93,7 @@ func NewNames(d Dialect, t outbox.Tables) (*Names, error) {
 		Outbox:       qual(t.Outbox),
 		DeadLetters:  qual(t.Outbox + "_dead_letters"),
 		Inbox:        qual(t.Outbox + "_inbox"),
+		Responses:    qual(t.Outbox + "_http_responses"),
 		Migrations:   qual(t.Outbox + "_migrations"),
 		ClaimFunc:    qual(t.Outbox + "_claim"),
 		CompleteFunc: qual(t.Outbox + "_complete"),

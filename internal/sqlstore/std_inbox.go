@@ -2,15 +2,12 @@ package sqlstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
-	"github.com/google/uuid"
-
-	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/idempotency"
 )
 
 // stdConsumer is the inbox and dead-letter SQL of the dialects written with '?' placeholders
@@ -53,20 +50,68 @@ const sqliteClockTime = "2006-01-02 15:04:05.000"
 // maxConsumerName is the inbox's consumer column size on MySQL.
 const maxConsumerName = 255
 
-func (mysqlDialect) InsertInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error) {
-	if utf8.RuneCountInString(consumer) > maxConsumerName {
-		return false, fmt.Errorf("outbox: consumer name %q is over the inbox's limit of %d characters", consumer, maxConsumerName)
+func checkConsumer(k idempotency.Key) error {
+	if utf8.RuneCountInString(k.Consumer) > maxConsumerName {
+		return fmt.Errorf("outbox: consumer name %q is over the inbox's limit of %d characters", k.Consumer, maxConsumerName)
+	}
+	return nil
+}
+
+func (mysqlDialect) InsertInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	if err := checkConsumer(k); err != nil {
+		return false, err
 	}
 	// INSERT IGNORE skips a duplicate; ROW_COUNT() on the same connection says whether the
 	// row is new.
 	var inserted int64
 	err := pinned(ctx, q, func(q Querier) error {
-		if err := q.Exec(ctx, "INSERT IGNORE INTO "+n.Inbox+" (consumer, event_id, processed_at) VALUES (?, ?, "+mysqlNow+")", consumer, id.String()); err != nil {
+		if err := q.Exec(ctx, "INSERT IGNORE INTO "+n.Inbox+" (consumer, event_id, processed_at) VALUES (?, ?, "+mysqlNow+")", k.Consumer, k.EventID.String()); err != nil {
 			return err
 		}
 		return queryRow(ctx, q, []any{&inserted}, "SELECT ROW_COUNT()")
 	})
 	return inserted == 1, err
+}
+
+// InsertInboxMany has no RETURNING to learn which rows are new (MySQL has none), so it
+// reads which keys exist, then inserts the others with a plain INSERT. A key that a
+// concurrent transaction inserted in between fails the INSERT with a duplicate-key error
+// rather than being skipped, which the caller handles by recording keys one by one.
+func (mysqlDialect) InsertInboxMany(ctx context.Context, q Querier, n *Names, keys []idempotency.Key) ([]bool, error) {
+	for _, k := range keys {
+		if err := checkConsumer(k); err != nil {
+			return nil, err
+		}
+	}
+	uniq, first := uniqueKeys(keys)
+	fresh := make([]bool, len(keys))
+	for chunk := range slices.Chunk(uniq, maxInboxRows) {
+		args := keyArgs(chunk)
+		rows, err := q.Query(ctx, "SELECT consumer, event_id FROM "+n.Inbox+" WHERE (consumer, event_id) IN ("+
+			repeatSQL("", "(?, ?)", ", ", len(chunk))+")", args...)
+		if err != nil {
+			return nil, err
+		}
+		existing, err := scanKeys(rows)
+		if err != nil {
+			return nil, err
+		}
+		var insert []any
+		for _, k := range chunk {
+			if !existing[k] {
+				insert = append(insert, k.Consumer, k.EventID.String())
+				fresh[first[k]] = true
+			}
+		}
+		if len(insert) == 0 {
+			continue
+		}
+		if err := q.Exec(ctx, valuesSQL("INSERT INTO "+n.Inbox+" (consumer, event_id, processed_at) VALUES ",
+			"(?, ?, "+mysqlNow+")", len(insert)/2), insert...); err != nil {
+			return nil, err
+		}
+	}
+	return fresh, nil
 }
 
 // pinned runs fn on one connection: q itself when it is a transaction, a transaction of
@@ -79,92 +124,91 @@ func pinned(ctx context.Context, q Querier, fn func(Querier) error) error {
 	return fn(q)
 }
 
-func (sqliteDialect) InsertInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error) {
-	return scanOne(ctx, q, nil, "INSERT INTO "+n.Inbox+" (consumer, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING RETURNING 1", consumer, id.String())
+func (sqliteDialect) InsertInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	return scanOne(ctx, q, nil, "INSERT INTO "+n.Inbox+" (consumer, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING RETURNING 1", k.Consumer, k.EventID.String())
 }
 
-func (mysqlDialect) SeenInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error) {
-	return mysqlConsumer.seenInbox(ctx, q, n, consumer, id)
+func (sqliteDialect) InsertInboxMany(ctx context.Context, q Querier, n *Names, keys []idempotency.Key) ([]bool, error) {
+	return insertReturning(ctx, q, n, keys, func(int) string { return "(?, ?)" }, "event_id")
 }
 
-func (sqliteDialect) SeenInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error) {
-	return sqliteConsumer.seenInbox(ctx, q, n, consumer, id)
+func (mysqlDialect) SeenInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	return seenInbox(ctx, q, n, k)
 }
 
-func (stdConsumer) seenInbox(ctx context.Context, q Querier, n *Names, consumer string, id uuid.UUID) (bool, error) {
-	return scanOne(ctx, q, nil, "SELECT 1 FROM "+n.Inbox+" WHERE consumer = ? AND event_id = ?", consumer, id.String())
+func (sqliteDialect) SeenInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	return seenInbox(ctx, q, n, k)
+}
+
+func seenInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	return scanOne(ctx, q, nil, "SELECT 1 FROM "+n.Inbox+" WHERE consumer = ? AND event_id = ?", k.Consumer, k.EventID.String())
 }
 
 func (mysqlDialect) PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error) {
 	ago, arg := mysqlConsumer.ago(olderThan)
-	var count int64
-	err := pinned(ctx, q, func(q Querier) error {
-		if err := q.Exec(ctx, "DELETE FROM "+n.Inbox+" WHERE processed_at < "+ago+" LIMIT ?", arg, limit); err != nil {
-			return err
-		}
-		return queryRow(ctx, q, []any{&count}, "SELECT ROW_COUNT()")
-	})
-	return count, err
+	prune := func(table string) (count int64, err error) {
+		err = pinned(ctx, q, func(q Querier) error {
+			if err := q.Exec(ctx, "DELETE FROM "+table+" WHERE processed_at < "+ago+" LIMIT ?", arg, limit); err != nil {
+				return err
+			}
+			return queryRow(ctx, q, []any{&count}, "SELECT ROW_COUNT()")
+		})
+		return count, err
+	}
+	return pruneBoth(n, prune)
 }
 
 func (sqliteDialect) PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error) {
 	ago, arg := sqliteConsumer.ago(olderThan)
-	rows, err := q.Query(ctx, "DELETE FROM "+n.Inbox+" WHERE rowid IN (SELECT rowid FROM "+n.Inbox+
-		" WHERE processed_at < "+ago+" LIMIT ?) RETURNING 1", arg, limit)
+	prune := func(table string) (int64, error) {
+		rows, err := q.Query(ctx, "DELETE FROM "+table+" WHERE rowid IN (SELECT rowid FROM "+table+
+			" WHERE processed_at < "+ago+" LIMIT ?) RETURNING 1", arg, limit)
+		if err != nil {
+			return 0, err
+		}
+		defer rows.Close()
+		var count int64
+		for rows.Next() {
+			count++
+		}
+		return count, rows.Err()
+	}
+	return pruneBoth(n, prune)
+}
+
+// pruneBoth prunes the inbox, then the stored responses, and returns the inbox's count.
+func pruneBoth(n *Names, prune func(table string) (int64, error)) (int64, error) {
+	count, err := prune(n.Inbox)
 	if err != nil {
 		return 0, err
 	}
-	defer rows.Close()
-	var count int64
-	for rows.Next() {
-		count++
+	if _, err := prune(n.Responses); err != nil {
+		return count, err
 	}
-	return count, rows.Err()
+	return count, nil
 }
 
-// RecordInbox records event id for the consumer named in ctx (consumer.InfoFrom) in n's
-// inbox, inside q, the transaction of an idempotent handler of the database/sql-based
-// adapters. It returns false for a duplicate delivery. A ctx without a consumer name is a
-// permanent error: retrying cannot supply one.
-func RecordInbox(ctx context.Context, d Dialect, q Querier, n *Names, id uuid.UUID) (bool, error) {
-	c, name, err := consumerOf(ctx, d)
-	if err != nil {
-		return false, err
-	}
-	fresh, err := c.InsertInbox(ctx, q, n, name, id)
-	if err != nil {
-		return false, fmt.Errorf("recording event %s in the inbox: %w", id, err)
-	}
-	return fresh, nil
+func (mysqlDialect) SaveResponse(ctx context.Context, q Querier, n *Names, k idempotency.Key, r idempotency.Response) error {
+	return saveResponse(ctx, q, n, k, r, "(?, ?, ?, ?, ?, ?, "+mysqlNow+")")
 }
 
-// SeenInInbox reports whether the consumer named in ctx recorded event id in n's inbox.
-func SeenInInbox(ctx context.Context, d Dialect, q Querier, n *Names, id uuid.UUID) (bool, error) {
-	c, name, err := consumerOf(ctx, d)
-	if err != nil {
-		return false, err
-	}
-	return c.SeenInbox(ctx, q, n, name, id)
+func (sqliteDialect) SaveResponse(ctx context.Context, q Querier, n *Names, k idempotency.Key, r idempotency.Response) error {
+	return saveResponse(ctx, q, n, k, r, "(?, ?, ?, ?, ?, ?, "+sqliteNow+")")
 }
 
-func consumerOf(ctx context.Context, d Dialect) (ConsumerDialect, string, error) {
-	c, err := Consumer(d)
+func saveResponse(ctx context.Context, q Querier, n *Names, k idempotency.Key, r idempotency.Response, values string) error {
+	headers, err := responseHeaders(r)
 	if err != nil {
-		return nil, "", err
+		return err
 	}
-	name, err := ConsumerName(ctx)
-	if err != nil {
-		return nil, "", err
-	}
-	return c, name, nil
+	return q.Exec(ctx, "INSERT INTO "+n.Responses+" (consumer, event_id, request_hash, status, headers, body, processed_at) VALUES "+values,
+		k.Consumer, k.EventID.String(), r.RequestHash, r.Status, headers, nonNil(r.Body))
 }
 
-// ConsumerName returns the consumer name that consumer.Run puts in handler contexts — the
-// inbox's key prefix. A ctx without one is a permanent error: retrying cannot supply one.
-func ConsumerName(ctx context.Context) (string, error) {
-	info, ok := consumer.InfoFrom(ctx)
-	if !ok || info.Consumer == "" {
-		return "", outbox.Permanent(errors.New("idempotent handler called without a consumer name in its context (run it through consumer.Consumer, or use consumer.WithInfo)"))
-	}
-	return info.Consumer, nil
+func (mysqlDialect) LoadResponse(ctx context.Context, q Querier, n *Names, k idempotency.Key) (idempotency.Response, bool, error) {
+	return loadResponse(ctx, q, "SELECT request_hash, status, headers, body FROM "+n.Responses+" WHERE consumer = ? AND event_id = ?", k)
+}
+
+func (sqliteDialect) LoadResponse(ctx context.Context, q Querier, n *Names, k idempotency.Key) (idempotency.Response, bool, error) {
+	return loadResponse(ctx, q, "SELECT request_hash, status, headers, body FROM "+n.Responses+" WHERE consumer = ? AND event_id = ?", k)
 }

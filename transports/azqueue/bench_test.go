@@ -64,7 +64,7 @@ func BenchmarkRelayVsBareClient(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			relay, err := outbox.NewRelay(ob.NewStore(pool), sender, &outbox.RelayConfig{Logger: quietLogger()})
+			relay, err := outbox.NewRelay(relayStore(b, ob, pool), sender, &outbox.RelayConfig{Logger: quietLogger()})
 			if err != nil {
 				b.Fatal(err)
 			}

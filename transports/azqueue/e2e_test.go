@@ -17,6 +17,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 )
@@ -34,6 +35,26 @@ func pgOutbox(t testing.TB) (*pgxpool.Pool, *outboxpgx.Outbox, string) {
 	t.Helper()
 	o := pgxtest.New(t, "azq")
 	return o.Pool, o.Outbox, o.Schema
+}
+
+// relayStore is ob's relay store over pool.
+func relayStore(t testing.TB, ob *outboxpgx.Outbox, pool *pgxpool.Pool) outbox.Store {
+	t.Helper()
+	s, err := ob.NewStore(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// deadLetters is ob's dead-letter table over pool.
+func deadLetters(t testing.TB, ob *outboxpgx.Outbox, pool *pgxpool.Pool) deadletter.Table {
+	t.Helper()
+	d, err := ob.NewDeadLetters(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // waitDrained waits until the relay has completed every event of the outbox.
@@ -87,7 +108,7 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(ob.NewStore(pool), sender, &outbox.RelayConfig{MaxPollInterval: 20 * time.Millisecond, Logger: testLogger(t)})
+	relay, err := outbox.NewRelay(relayStore(t, ob, pool), sender, &outbox.RelayConfig{MaxPollInterval: 20 * time.Millisecond, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +208,7 @@ func TestOversizeDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(ob.NewStore(pool), sender, &outbox.RelayConfig{Logger: testLogger(t)})
+	relay, err := outbox.NewRelay(relayStore(t, ob, pool), sender, &outbox.RelayConfig{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

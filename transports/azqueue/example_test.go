@@ -35,7 +35,11 @@ func ExampleNewSender() {
 	if err := sender.CreateQueues(ctx); err != nil {
 		log.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(outboxpgx.NewStore(pool), sender, nil)
+	store, err := outboxpgx.NewStore(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

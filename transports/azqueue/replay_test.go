@@ -26,13 +26,13 @@ func TestRetryDeadLetterReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
-		Store: ob.NewStore(pool),
+		Store: relayStore(t, ob, pool),
 		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
 			publish(t, pool, ob, true, events...)
 			return nil
 		},
 		Sender:      sender,
 		Receiver:    receiver,
-		DeadLetters: ob.NewDeadLetters(pool),
+		DeadLetters: deadLetters(t, ob, pool),
 	})
 }

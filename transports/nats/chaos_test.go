@@ -248,7 +248,15 @@ func (pl *chaosPipeline) start() {
 	t := pl.t
 	t.Helper()
 	logger := slog.New(pl.logs)
-	store := &chaosStore{Store: pl.p.Outbox.NewStore(pl.setup.relayPool)}
+	relayStore, err := pl.p.Outbox.NewStore(pl.setup.relayPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, err := pl.p.Outbox.NewDeadLetters(pl.setup.consumerPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &chaosStore{Store: relayStore}
 	pl.store = store
 	var relays []*outbox.Relay
 	for i := range 2 {
@@ -275,7 +283,7 @@ func (pl *chaosPipeline) start() {
 	}
 	c, err := consumer.New(pl.receiver, &consumer.Config{
 		Name:        chaosConsumer,
-		DeadLetters: pl.p.Outbox.NewDeadLetters(pl.setup.consumerPool),
+		DeadLetters: dead,
 		// As for the relays: retries 10× faster than the default need more attempts to
 		// span an outage. (Every kill fails the next statement on each pooled
 		// connection, so one event may fail several times in a row: runs saw attempt 8.)

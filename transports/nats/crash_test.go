@@ -95,7 +95,11 @@ func runChildConsumer() {
 	if err != nil {
 		fail(err)
 	}
-	c, err := consumer.New(stallingReceiver{r}, &consumer.Config{Name: "crash", DeadLetters: o.NewDeadLetters(pool)})
+	dead, err := o.NewDeadLetters(pool)
+	if err != nil {
+		fail(err)
+	}
+	c, err := consumer.New(stallingReceiver{r}, &consumer.Config{Name: "crash", DeadLetters: dead})
 	if err != nil {
 		fail(err)
 	}
@@ -206,7 +210,7 @@ func TestConsumerKilledBetweenCommitAndAck(t *testing.T) {
 
 	received := &countingReceiver{Receiver: d.receiver}
 	c, err := consumer.New(received, &consumer.Config{
-		Name: "crash", DeadLetters: p.Outbox.NewDeadLetters(p.Pool),
+		Name: "crash", DeadLetters: p.DeadLetters(t),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

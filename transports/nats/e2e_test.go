@@ -29,7 +29,7 @@ func (orderPlaced) EventType() string { return "orders.placed" }
 func quietRelay(t testing.TB, p *pgxtest.Outbox, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	r, err := outbox.NewRelay(p.Outbox.NewStore(p.Pool), s, &cfg)
+	r, err := outbox.NewRelay(p.Store(t), s, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestRelayResendIsDeduplicated(t *testing.T) {
 	ctx := context.Background()
 
 	// The crashed relay: claim with a lease that expires at once, send, never complete.
-	claimed, err := p.Outbox.NewStore(p.Pool).Claim(ctx, outbox.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: time.Millisecond})
+	claimed, err := p.Store(t).Claim(ctx, outbox.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: time.Millisecond})
 	if err != nil || len(claimed) != n {
 		t.Fatalf("claimed %d, %v", len(claimed), err)
 	}

@@ -47,7 +47,11 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	relay, err := outbox.NewRelay(outboxpgx.NewStore(pool), sender, nil)
+	store, err := outboxpgx.NewStore(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -72,7 +72,7 @@ func BenchmarkRelayToSQS(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	store := p.Outbox.NewStore(p.Pool)
+	store := p.Store(b)
 	newRelay := func(name string) *outbox.Relay {
 		r, err := outbox.NewRelay(store, s, &outbox.RelayConfig{Name: name, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {

@@ -85,7 +85,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	startRelay(t, p.Outbox.NewStore(p.Pool), s, outbox.RelayConfig{})
+	startRelay(t, p.Store(t), s, outbox.RelayConfig{})
 	r := newReceiver(t, c, url)
 	for _, d := range outboxtest.ReceiveN(t, r, len(want), 20*time.Second) {
 		m, err := d.Message()
@@ -141,7 +141,7 @@ func TestFIFOPerKeyOrderThroughRelay(t *testing.T) {
 		p.Commit(t, tx...)
 	}
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	store := p.Outbox.NewStore(p.Pool)
+	store := p.Store(t)
 	startRelay(t, store, s, outbox.RelayConfig{Name: "relay-a", BatchSize: 7})
 	startRelay(t, store, s, outbox.RelayConfig{Name: "relay-b", BatchSize: 7})
 
@@ -234,7 +234,7 @@ func TestFIFODedupThroughRelayResend(t *testing.T) {
 	url := newQueue(t, c, true)
 	e := outbox.New(OrderCompleted{Order: "o-1", Seq: 1}, outbox.WithKey("o-1"))
 	p.Commit(t, e)
-	store := &failFirstComplete{Store: p.Outbox.NewStore(p.Pool)}
+	store := &failFirstComplete{Store: p.Store(t)}
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
 	startRelay(t, store, s, outbox.RelayConfig{Lease: time.Second, SendTimeout: 400 * time.Millisecond})
 	outboxtest.WaitFor(t, 15*time.Second, "event sent twice and completed", func() bool {
@@ -263,7 +263,7 @@ func TestOversizeEventDeadLettered(t *testing.T) {
 	p.Commit(t, small[0], big, small[1], small[2])
 
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	relay, err := outbox.NewRelay(p.Outbox.NewStore(p.Pool), s, &outbox.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
+	relay, err := outbox.NewRelay(p.Store(t), s, &outbox.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,11 @@ func ExampleNewSender() {
 	if err != nil {
 		log.Fatal(err) // every problem of the config at once
 	}
-	relay, err := outbox.NewRelay(outboxpgx.NewStore(pool), sender, nil)
+	store, err := outboxpgx.NewStore(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -28,13 +28,13 @@ func testRetryDeadLetterReplay(t *testing.T, fifo bool) {
 	p := pgxtest.New(t, "outboxsqs")
 	url := newQueue(t, c, fifo)
 	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
-		Store: p.Outbox.NewStore(p.Pool),
+		Store: p.Store(t),
 		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
 			p.Commit(t, events...)
 			return nil
 		},
 		Sender:      newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url}),
 		Receiver:    newReceiver(t, c, url),
-		DeadLetters: p.Outbox.NewDeadLetters(p.Pool),
+		DeadLetters: p.DeadLetters(t),
 	})
 }

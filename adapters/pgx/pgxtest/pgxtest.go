@@ -5,7 +5,7 @@
 //	func TestCheckoutPublishes(t *testing.T) {
 //		o := pgxtest.New(t, "checkout") // schema checkout_<random>, migrated
 //		o.Commit(t, outbox.New(OrderPlaced{ID: "o-1"}, outbox.WithKey("o-1")))
-//		relay, err := outbox.NewRelay(o.NewStore(o.Pool), sender, nil)
+//		relay, err := outbox.NewRelay(o.Store(t), sender, nil)
 //		…
 //		outboxtest.WaitFor(t, 10*time.Second, "the outbox to drain", func() bool {
 //			return o.Count(t, "outbox") == 0
@@ -25,6 +25,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
@@ -81,6 +82,44 @@ func New(t testing.TB, prefix string) *Outbox {
 		t.Fatal(err)
 	}
 	return &Outbox{Outbox: o, Pool: pool, Schema: schema}
+}
+
+// Store returns the outbox's relay store, failing t on an error.
+func (o *Outbox) Store(t testing.TB) outbox.Store {
+	t.Helper()
+	s, err := o.NewStore(o.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// DeadLetters returns the outbox's dead-letter table, failing t on an error.
+func (o *Outbox) DeadLetters(t testing.TB) deadletter.Table {
+	t.Helper()
+	d, err := o.NewDeadLetters(o.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// SearchPathPool returns a new pool whose connections have the outbox's schema as their
+// search_path, closed when t ends: through it, the default table names (outbox.Tables{},
+// the adapter's package-level functions) reach this outbox's tables.
+func (o *Outbox) SearchPathPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = o.Schema
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // Commit publishes events in one committed transaction, failing t on any error.

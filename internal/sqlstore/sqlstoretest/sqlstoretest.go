@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,7 +43,10 @@ func MySQLDSN() string {
 // SQLiteDSN is a new database file in dir, in WAL mode with a busy timeout (the pragma syntax
 // of modernc.org/sqlite and its forks).
 func SQLiteDSN(dir string) string {
-	return "file:" + filepath.Join(dir, "outbox.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
+	// '#' and '?' would end the path of the file: URI (subtests with the same name get
+	// a '#' in their temporary directory).
+	path := strings.NewReplacer("%", "%25", "#", "%23", "?", "%3F").Replace(filepath.Join(dir, "outbox.db"))
+	return "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)"
 }
 
 // Target is one test's database and outbox names: a schema of its own on PostgreSQL,
@@ -100,7 +104,7 @@ func New(t testing.TB, dialect string, open func(dsn string) (*sql.DB, error)) *
 			_, _ = db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+tg.Tables.Schema+" CASCADE")
 		case "mysql":
 			n := tg.names
-			drop := append([]string{n.Outbox, n.DeadLetters, n.Migrations, n.ClaimLock, n.Inbox}, tg.tables...)
+			drop := append([]string{n.Outbox, n.DeadLetters, n.Migrations, n.ClaimLock, n.Inbox, n.Responses}, tg.tables...)
 			for _, table := range drop {
 				_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table)
 			}
@@ -159,6 +163,79 @@ func (tg *Target) DeadLetters(ctx context.Context) ([]outboxtest.DeadLetterRow, 
 		out = append(out, r)
 	}
 	return out, rows.Err()
+}
+
+// DefaultNames reports whether the outbox has the default table names (SQLite, whose
+// database is a file of the test's own), so the adapters' package-level functions reach it.
+func (tg *Target) DefaultNames() bool { return tg.Tables == outbox.Tables{} }
+
+// Rebind turns the '?' placeholders of query into PostgreSQL's $1, $2… on PostgreSQL.
+func (tg *Target) Rebind(query string) string {
+	if tg.Dialect != "postgres" {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r != '?' {
+			b.WriteRune(r)
+			continue
+		}
+		n++
+		fmt.Fprintf(&b, "$%d", n)
+	}
+	return b.String()
+}
+
+// EffectsTable creates the idempotency suite's effects table, (id, text) with no unique key
+// so that a duplicate effect shows, and returns its name.
+func (tg *Target) EffectsTable(t testing.TB) string {
+	t.Helper()
+	table := tg.Table("effects")
+	if _, err := tg.DB.ExecContext(context.Background(), "CREATE TABLE "+table+" (id CHAR(36) NOT NULL, text VARCHAR(255) NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	return table
+}
+
+// CountByText counts table's rows by their text column.
+func (tg *Target) CountByText(ctx context.Context, table string) (map[string]int, error) {
+	rows, err := tg.DB.QueryContext(ctx, "SELECT text, count(*) FROM "+table+" GROUP BY text")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var text string
+		var n int
+		if err := rows.Scan(&text, &n); err != nil {
+			return nil, err
+		}
+		out[text] = n
+	}
+	return out, rows.Err()
+}
+
+// AgeInbox moves the recording time of every inbox row and stored HTTP response d into the
+// past.
+func (tg *Target) AgeInbox(ctx context.Context, d time.Duration) error {
+	for _, table := range []string{tg.names.Inbox, tg.names.Responses} {
+		var query string
+		var arg any
+		switch tg.Dialect {
+		case "postgres":
+			query, arg = "UPDATE "+table+" SET processed_at = processed_at - $1 * interval '1 millisecond'", d.Milliseconds()
+		case "mysql":
+			query, arg = "UPDATE "+table+" SET processed_at = processed_at - INTERVAL ? MICROSECOND", d.Microseconds()
+		default:
+			query, arg = "UPDATE "+table+" SET processed_at = strftime('%Y-%m-%d %H:%M:%f', processed_at, ?)", fmt.Sprintf("%+.3f seconds", -d.Seconds())
+		}
+		if _, err := tg.DB.ExecContext(ctx, query, arg); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Fixture is the conformance suite's fixture over store, with publish writing through the

@@ -1,0 +1,238 @@
+package idempotency
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// HTTPConfig configures [HTTPHandler]; nil means the defaults.
+type HTTPConfig struct {
+	// Scope returns the key space of r, such as the authenticated account, so that two
+	// clients choosing the same key never see each other's responses. Keys of different
+	// scopes never collide. Default: one key space for the handler.
+	Scope func(r *http.Request) string
+	// Header is the request header that carries the key. Default "Idempotency-Key".
+	Header string
+	// RequireKey answers a request without the header with 400 Bad Request. By default such
+	// a request runs like any other, in a transaction, without a key.
+	RequireKey bool
+	// MaxBodyBytes caps the request body, which is read whole to compare a retry with the
+	// original: a larger body gets 413 Request Entity Too Large. Default 1 MiB.
+	MaxBodyBytes int64
+	// MaxKeyLength caps the key's length; a longer key gets 400 Bad Request. Default 255.
+	MaxKeyLength int
+	// Logger receives the errors that become a 500 response. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// ReplayedHeader is set to "true" on a response replayed from the table.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// HTTPTxHandler handles a request inside tx, the transaction that also records its key: it
+// writes its business rows and publishes its events through tx, and its response to w.
+// Returning nil commits tx with the response stored under the key, whatever its status;
+// returning an error rolls tx back and stores nothing, so the client can retry with the same
+// key. On an error, whatever h wrote to w is sent, or 500 if it wrote nothing.
+type HTTPTxHandler[TTx any] func(w http.ResponseWriter, r *http.Request, tx TTx) error
+
+// HTTPHandler returns an http.Handler that runs h at most once per Idempotency-Key: the
+// producer side of the idempotency table. The first request with a key runs h in a
+// transaction that records the key and stores h's response; a retry of a request that
+// committed gets the stored response again (with the header Idempotent-Replayed: true), and
+// h does not run: no second row, no second event. A retry that arrives while the first
+// request is still running waits for it and gets its response. A request whose h failed
+// (returned an error, or its commit did) stored nothing: a retry runs h again.
+//
+// The key is the header's value, as a bare token or a quoted string
+// (draft-ietf-httpapi-idempotency-key-header). A key reused for a different request (another
+// method, URL or body) gets 422 Unprocessable Content; an empty or over-long key gets 400.
+// The response is buffered whole before it is sent (h cannot stream).
+func HTTPHandler[TTx any](in Inbox[TTx], h HTTPTxHandler[TTx], cfg *HTTPConfig) http.Handler {
+	c := HTTPConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Header = cmp.Or(c.Header, "Idempotency-Key")
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.MaxKeyLength <= 0 {
+		c.MaxKeyLength = 255
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &httpHandler[TTx]{in: in, h: h, cfg: c}
+}
+
+type httpHandler[TTx any] struct {
+	in  Inbox[TTx]
+	h   HTTPTxHandler[TTx]
+	cfg HTTPConfig
+}
+
+// errReplay rolls back the transaction of a request whose key was recorded before.
+var errReplay = errors.New("idempotency: key recorded before")
+
+func (s *httpHandler[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	value, hasKey, err := s.key(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if !hasKey && s.cfg.RequireKey {
+		http.Error(w, "the "+s.cfg.Header+" header is required", http.StatusBadRequest)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
+			http.Error(w, "request body over "+strconv.FormatInt(s.cfg.MaxBodyBytes, 10)+" bytes", http.StatusRequestEntityTooLarge)
+			return
+		}
+		http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+
+	var key Key
+	if hasKey {
+		scope := ""
+		if s.cfg.Scope != nil {
+			scope = s.cfg.Scope(r)
+		}
+		key = RequestKey(scope, value)
+	}
+	hash := requestHash(r, body)
+	rec := &recorder{header: http.Header{}}
+	var herr error // h's own error
+	err = s.in.InTx(ctx, func(tx TTx) error {
+		if hasKey {
+			fresh, err := s.in.Record(ctx, tx, key)
+			if err != nil {
+				return err
+			}
+			if !fresh {
+				return errReplay
+			}
+		}
+		if herr = s.h(rec, r, tx); herr != nil {
+			return herr
+		}
+		if !hasKey {
+			return nil
+		}
+		return s.in.SaveResponse(ctx, tx, key, Response{RequestHash: hash, Status: rec.status(), Header: rec.header, Body: rec.body.Bytes()})
+	})
+	switch {
+	case err == nil:
+		rec.send(w)
+	case errors.Is(err, errReplay):
+		s.replay(ctx, w, key, hash)
+	case herr != nil && rec.wrote():
+		rec.send(w) // h's own error response; nothing stored
+	default:
+		s.cfg.Logger.ErrorContext(ctx, "idempotency: request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+	}
+}
+
+// key returns the request's key, and whether it has one.
+func (s *httpHandler[TTx]) key(r *http.Request) (string, bool, error) {
+	vs := r.Header.Values(s.cfg.Header)
+	if len(vs) == 0 {
+		return "", false, nil
+	}
+	if len(vs) > 1 {
+		return "", false, fmt.Errorf("%d %s headers; send one", len(vs), s.cfg.Header)
+	}
+	v := strings.TrimSpace(vs[0])
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		v = v[1 : len(v)-1]
+	}
+	switch {
+	case v == "":
+		return "", false, fmt.Errorf("the %s header is empty", s.cfg.Header)
+	case len(v) > s.cfg.MaxKeyLength:
+		return "", false, fmt.Errorf("the %s header is over %d characters", s.cfg.Header, s.cfg.MaxKeyLength)
+	}
+	return v, true, nil
+}
+
+// replay sends the response stored under key, if the request is the one that stored it.
+func (s *httpHandler[TTx]) replay(ctx context.Context, w http.ResponseWriter, key Key, hash string) {
+	resp, found, err := s.in.Response(ctx, key)
+	switch {
+	case err != nil:
+		s.cfg.Logger.ErrorContext(ctx, "idempotency: reading a stored response", "key", key.String(), "error", err)
+		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+		return
+	case !found:
+		// The key is recorded without a response: recorded by something else than this
+		// handler, or the response was pruned first.
+		http.Error(w, "this "+s.cfg.Header+" was used before, and its response is no longer stored", http.StatusConflict)
+		return
+	case resp.RequestHash != hash:
+		http.Error(w, "this "+s.cfg.Header+" was used for a different request", http.StatusUnprocessableEntity)
+		return
+	}
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	w.Header().Set(ReplayedHeader, "true")
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+// requestHash identifies a request by its method, URL and body.
+func requestHash(r *http.Request, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(r.Method + " " + r.URL.RequestURI() + "\n"))
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// recorder buffers h's response until the transaction's outcome is known.
+type recorder struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return r.body.Write(p)
+}
+
+func (r *recorder) status() int { return cmp.Or(r.code, http.StatusOK) }
+
+func (r *recorder) wrote() bool { return r.code != 0 || r.body.Len() > 0 }
+
+func (r *recorder) send(w http.ResponseWriter) {
+	for k, vs := range r.header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(r.status())
+	_, _ = w.Write(r.body.Bytes())
+}

@@ -1,0 +1,285 @@
+package sqlstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/idempotency"
+)
+
+// Inbox is idempotency.Inbox over a dialect's SQL, for an adapter's transaction type TTx:
+// the adapter supplies how to open a transaction and how to run statements in one, and
+// everything else is shared.
+type Inbox[TTx any] struct {
+	// Adapter names the adapter in errors ("outboxpgx").
+	Adapter string
+	Dialect ConsumerDialect
+	Names   *Names
+	// DB runs what happens outside the caller's transaction: Seen, Prune, Counts, Response.
+	DB DB
+	// Begin runs fn in a new transaction on the adapter's database, committing it when fn
+	// returns nil and rolling it back otherwise, also on a panic.
+	Begin func(ctx context.Context, fn func(tx TTx) error) error
+	// Tx returns the statements of the caller's transaction tx, or an error when tx is not
+	// a transaction.
+	Tx func(tx TTx) (Querier, error)
+}
+
+var _ idempotency.Inbox[struct{}] = (*Inbox[struct{}])(nil)
+
+// NewInbox returns the inbox of d over names, or an error naming the dialect if it has none.
+func NewInbox[TTx any](adapter string, d Dialect, n *Names, db DB, begin func(context.Context, func(TTx) error) error, tx func(TTx) (Querier, error)) (*Inbox[TTx], error) {
+	c, err := Consumer(d)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", adapter, err)
+	}
+	return &Inbox[TTx]{Adapter: adapter, Dialect: c, Names: n, DB: db, Begin: begin, Tx: tx}, nil
+}
+
+// InTx implements idempotency.Inbox.
+func (in *Inbox[TTx]) InTx(ctx context.Context, fn func(tx TTx) error) error {
+	return in.Begin(ctx, fn)
+}
+
+// Record implements idempotency.Inbox.
+func (in *Inbox[TTx]) Record(ctx context.Context, tx TTx, key idempotency.Key) (bool, error) {
+	q, err := in.Tx(tx)
+	if err != nil {
+		return false, err
+	}
+	fresh, err := in.Dialect.InsertInbox(ctx, q, in.Names, key)
+	if err != nil {
+		return false, fmt.Errorf("%s: recording %s in %s: %w", in.Adapter, key, in.Names.Inbox, err)
+	}
+	return fresh, nil
+}
+
+// RecordMany implements idempotency.Inbox.
+func (in *Inbox[TTx]) RecordMany(ctx context.Context, tx TTx, keys []idempotency.Key) ([]bool, error) {
+	q, err := in.Tx(tx)
+	if err != nil {
+		return nil, err
+	}
+	fresh, err := in.Dialect.InsertInboxMany(ctx, q, in.Names, keys)
+	if err != nil {
+		return nil, fmt.Errorf("%s: recording %d keys in %s: %w", in.Adapter, len(keys), in.Names.Inbox, err)
+	}
+	return fresh, nil
+}
+
+// Seen implements idempotency.Inbox.
+func (in *Inbox[TTx]) Seen(ctx context.Context, key idempotency.Key) (bool, error) {
+	seen, err := in.Dialect.SeenInbox(ctx, in.DB, in.Names, key)
+	if err != nil {
+		return false, fmt.Errorf("%s: looking %s up in %s: %w", in.Adapter, key, in.Names.Inbox, err)
+	}
+	return seen, nil
+}
+
+// Prune implements idempotency.Inbox.
+func (in *Inbox[TTx]) Prune(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("%s: pruning %s: limit %d is not positive", in.Adapter, in.Names.Inbox, limit)
+	}
+	n, err := in.Dialect.PruneInbox(ctx, in.DB, in.Names, retention, limit)
+	if err != nil {
+		return n, fmt.Errorf("%s: pruning %s: %w", in.Adapter, in.Names.Inbox, err)
+	}
+	return n, nil
+}
+
+// Counts implements idempotency.Inbox.
+func (in *Inbox[TTx]) Counts(ctx context.Context) (map[string]int64, error) {
+	rows, err := in.DB.Query(ctx, "SELECT consumer, count(*) FROM "+in.Names.Inbox+" GROUP BY consumer")
+	if err != nil {
+		return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, err)
+	}
+	defer rows.Close()
+	counts := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, err)
+		}
+		counts[name] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, err)
+	}
+	return counts, nil
+}
+
+// SaveResponse implements idempotency.Inbox.
+func (in *Inbox[TTx]) SaveResponse(ctx context.Context, tx TTx, key idempotency.Key, r idempotency.Response) error {
+	q, err := in.Tx(tx)
+	if err != nil {
+		return err
+	}
+	if err := in.Dialect.SaveResponse(ctx, q, in.Names, key, r); err != nil {
+		return fmt.Errorf("%s: storing the response of %s in %s: %w", in.Adapter, key, in.Names.Responses, err)
+	}
+	return nil
+}
+
+// Response implements idempotency.Inbox.
+func (in *Inbox[TTx]) Response(ctx context.Context, key idempotency.Key) (idempotency.Response, bool, error) {
+	r, found, err := in.Dialect.LoadResponse(ctx, in.DB, in.Names, key)
+	if err != nil {
+		return r, false, fmt.Errorf("%s: reading the response of %s from %s: %w", in.Adapter, key, in.Names.Responses, err)
+	}
+	return r, found, nil
+}
+
+// Failing returns a handler that fails every event permanently with err: what an adapter's
+// Idempotent returns when it cannot build its inbox (an unsupported database), so the
+// problem surfaces as a dead letter with its reason rather than as retries.
+func Failing[T outbox.Payload](err error) consumer.Handler[T] {
+	err = outbox.Permanent(err)
+	return func(context.Context, outbox.Event[T]) error { return err }
+}
+
+// FailingHTTP is Failing for an adapter's IdempotentHTTP: every request gets a 500, and err
+// is logged once per request.
+func FailingHTTP(err error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		slog.ErrorContext(r.Context(), "idempotency: the handler cannot run", "error", err)
+		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+	})
+}
+
+// maxInboxRows caps the keys of one multi-row statement: 2 parameters each stays under the
+// 999 of SQLite builds before 3.32.
+const maxInboxRows = 400
+
+// uniqueKeys returns keys without repeats, sorted (so that two statements inserting
+// overlapping keys take their row locks in one order and never wait for each other in a
+// cycle), and each key's first index in keys.
+func uniqueKeys(keys []idempotency.Key) ([]idempotency.Key, map[idempotency.Key]int) {
+	first := make(map[idempotency.Key]int, len(keys))
+	for i, k := range keys {
+		if _, dup := first[k]; !dup {
+			first[k] = i
+		}
+	}
+	uniq := slices.SortedFunc(maps.Keys(first), func(a, b idempotency.Key) int {
+		if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.EventID[:], b.EventID[:])
+	})
+	return uniq, first
+}
+
+// keyArgs returns the (consumer, event ID text) arguments of keys, in order.
+func keyArgs(keys []idempotency.Key) []any {
+	args := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		args = append(args, k.Consumer, k.EventID.String())
+	}
+	return args
+}
+
+// scanKeys reads rows of (consumer, event ID text).
+func scanKeys(rows Rows) (map[idempotency.Key]bool, error) {
+	defer rows.Close()
+	out := map[idempotency.Key]bool{}
+	for rows.Next() {
+		var k idempotency.Key
+		var id string
+		if err := rows.Scan(&k.Consumer, &id); err != nil {
+			return nil, err
+		}
+		var err error
+		if k.EventID, err = uuid.Parse(id); err != nil {
+			return nil, err
+		}
+		out[k] = true
+	}
+	return out, rows.Err()
+}
+
+// insertReturning records keys with multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING
+// statements (PostgreSQL, SQLite): tuple(i) is the i-th row's placeholders in a chunk, and
+// idColumn the event ID as text.
+func insertReturning(ctx context.Context, q Querier, n *Names, keys []idempotency.Key, tuple func(i int) string, idColumn string) ([]bool, error) {
+	uniq, first := uniqueKeys(keys)
+	fresh := make([]bool, len(keys))
+	for chunk := range slices.Chunk(uniq, maxInboxRows) {
+		var b strings.Builder
+		b.WriteString("INSERT INTO " + n.Inbox + " (consumer, event_id) VALUES ")
+		for i := range chunk {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(tuple(i))
+		}
+		b.WriteString(" ON CONFLICT DO NOTHING RETURNING consumer, " + idColumn)
+		rows, err := q.Query(ctx, b.String(), keyArgs(chunk)...)
+		if err != nil {
+			return nil, err
+		}
+		inserted, err := scanKeys(rows)
+		if err != nil {
+			return nil, err
+		}
+		for k := range inserted {
+			if i, ok := first[k]; ok {
+				fresh[i] = true
+			}
+		}
+	}
+	return fresh, nil
+}
+
+// responseHeaders is a response's header as the JSON text the responses table stores.
+func responseHeaders(r idempotency.Response) (string, error) {
+	b, err := json.Marshal(r.Header)
+	if err != nil {
+		return "", fmt.Errorf("encoding the response's header: %w", err)
+	}
+	return string(b), nil
+}
+
+// nonNil makes a nil body an empty one, for NOT NULL columns.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// loadResponse reads one stored response with query, whose arguments are key's.
+func loadResponse(ctx context.Context, q Querier, query string, k idempotency.Key) (idempotency.Response, bool, error) {
+	var (
+		r       idempotency.Response
+		headers string
+	)
+	rows, err := q.Query(ctx, query, k.Consumer, k.EventID.String())
+	if err != nil {
+		return r, false, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return r, false, rows.Err()
+	}
+	if err := rows.Scan(&r.RequestHash, &r.Status, &headers, &r.Body); err != nil {
+		return r, false, err
+	}
+	if err := json.Unmarshal([]byte(headers), &r.Header); err != nil {
+		return r, false, fmt.Errorf("decoding the stored header: %w", err)
+	}
+	return r, true, rows.Err()
+}
