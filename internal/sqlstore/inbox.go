@@ -211,39 +211,6 @@ func scanKeys(rows Rows) (map[idempotency.Key]bool, error) {
 	return out, rows.Err()
 }
 
-// insertReturning records keys with multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING
-// statements (PostgreSQL, SQLite): tuple(i) is the i-th row's placeholders in a chunk, and
-// idColumn the event ID as text.
-func insertReturning(ctx context.Context, q Querier, n *Names, keys []idempotency.Key, tuple func(i int) string, idColumn string) ([]bool, error) {
-	uniq, first := uniqueKeys(keys)
-	fresh := make([]bool, len(keys))
-	for chunk := range slices.Chunk(uniq, maxInboxRows) {
-		var b strings.Builder
-		b.WriteString("INSERT INTO " + n.Inbox + " (consumer, event_id) VALUES ")
-		for i := range chunk {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(tuple(i))
-		}
-		b.WriteString(" ON CONFLICT DO NOTHING RETURNING consumer, " + idColumn)
-		rows, err := q.Query(ctx, b.String(), keyArgs(chunk)...)
-		if err != nil {
-			return nil, err
-		}
-		inserted, err := scanKeys(rows)
-		if err != nil {
-			return nil, err
-		}
-		for k := range inserted {
-			if i, ok := first[k]; ok {
-				fresh[i] = true
-			}
-		}
-	}
-	return fresh, nil
-}
-
 // responseHeaders is a response's header as the JSON text the responses table stores.
 func responseHeaders(r idempotency.Response) (string, error) {
 	b, err := json.Marshal(r.Header)

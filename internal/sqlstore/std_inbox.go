@@ -128,8 +128,26 @@ func (sqliteDialect) InsertInbox(ctx context.Context, q Querier, n *Names, k ide
 	return scanOne(ctx, q, nil, "INSERT INTO "+n.Inbox+" (consumer, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING RETURNING 1", k.Consumer, k.EventID.String())
 }
 
+// InsertInboxMany inserts the keys with multi-row INSERT ... ON CONFLICT DO NOTHING
+// statements, whose RETURNING names the new ones.
 func (sqliteDialect) InsertInboxMany(ctx context.Context, q Querier, n *Names, keys []idempotency.Key) ([]bool, error) {
-	return insertReturning(ctx, q, n, keys, func(int) string { return "(?, ?)" }, "event_id")
+	uniq, first := uniqueKeys(keys)
+	fresh := make([]bool, len(keys))
+	for chunk := range slices.Chunk(uniq, maxInboxRows) {
+		rows, err := q.Query(ctx, valuesSQL("INSERT INTO "+n.Inbox+" (consumer, event_id) VALUES ", "(?, ?)", len(chunk))+
+			" ON CONFLICT DO NOTHING RETURNING consumer, event_id", keyArgs(chunk)...)
+		if err != nil {
+			return nil, err
+		}
+		inserted, err := scanKeys(rows)
+		if err != nil {
+			return nil, err
+		}
+		for k := range inserted {
+			fresh[first[k]] = true
+		}
+	}
+	return fresh, nil
 }
 
 func (mysqlDialect) SeenInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
