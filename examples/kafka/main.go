@@ -130,7 +130,11 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(box.NewStore(db), sender, nil)
+	store, err := box.NewStore(db)
+	if err != nil {
+		return err
+	}
+	relay, err := outbox.NewRelay(store, sender, nil)
 	if err != nil {
 		return err
 	}
@@ -141,7 +145,10 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 		_, err := tx.ExecContext(ctx, q("INSERT INTO "+shipments+" (order_id, customer) VALUES (?, ?)"), e.Payload.OrderID, e.Payload.Customer)
 		return err
 	})
-	dead := box.NewDeadLetters(db)
+	dead, err := box.NewDeadLetters(db)
+	if err != nil {
+		return err
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	var running sync.WaitGroup
 	errs := make(chan error, 3)

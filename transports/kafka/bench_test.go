@@ -115,7 +115,7 @@ func BenchmarkKafka(b *testing.B) {
 	relayPath := func(s outbox.Sender) func(string, int) func() {
 		pg := pgxtest.New(b, "outboxkafka")
 		sink := &benchtest.CountingSender{Sender: s}
-		relay, err := outbox.NewRelay(pg.Outbox.NewStore(pg.Pool), sink, &outbox.RelayConfig{Logger: quiet()})
+		relay, err := outbox.NewRelay(pg.Store(b), sink, &outbox.RelayConfig{Logger: quiet()})
 		if err != nil {
 			b.Fatal(err)
 		}

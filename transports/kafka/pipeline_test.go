@@ -52,7 +52,7 @@ func newPipeline(t *testing.T) *pipeline {
 
 // relay returns a relay over the pipeline's outbox, fast to retry.
 func (pl *pipeline) relay(name string, s outbox.Sender) *outbox.Relay {
-	r, err := outbox.NewRelay(pl.p.Outbox.NewStore(pl.p.Pool), s, &outbox.RelayConfig{
+	r, err := outbox.NewRelay(pl.p.Store(pl.t), s, &outbox.RelayConfig{
 		Name: name, BatchSize: 100, Lease: 4 * time.Second, SendTimeout: 2 * time.Second,
 		RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second, MaxAttempts: 1000,
 		Logger: quiet(),
@@ -67,7 +67,7 @@ func (pl *pipeline) relay(name string, s outbox.Sender) *outbox.Relay {
 // once through the inbox.
 func (pl *pipeline) consumer(r outbox.Receiver) *consumer.Consumer {
 	c, err := consumer.New(r, &consumer.Config{
-		Name: "billing", DeadLetters: pl.p.Outbox.NewDeadLetters(pl.p.Pool), Concurrency: 20, BatchSize: 20,
+		Name: "billing", DeadLetters: pl.p.DeadLetters(pl.t), Concurrency: 20, BatchSize: 20,
 		RetryBackoff: 50 * time.Millisecond, MaxRetryBackoff: 500 * time.Millisecond, MaxAttempts: 1000,
 		Logger: quiet(),
 	})

@@ -18,14 +18,14 @@ func TestRetryDeadLetterReplay(t *testing.T) {
 	p := pgxtest.New(t, "outboxkafka")
 	d := newDestination(t, newCluster(t), nil)
 	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
-		Store: p.Outbox.NewStore(p.Pool),
+		Store: p.Store(t),
 		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
 			p.Commit(t, events...)
 			return nil
 		},
 		Sender:       d.sender,
 		Receiver:     d.receiver,
-		DeadLetters:  p.Outbox.NewDeadLetters(p.Pool),
+		DeadLetters:  p.DeadLetters(t),
 		RetryBackoff: 500 * time.Millisecond,
 	})
 }
