@@ -1,0 +1,51 @@
+// Package outboxamqp is the RabbitMQ transport of txoutbox, built on amqp091-go (AMQP 0-9-1).
+//
+// A [Sender] publishes the relay's batches to an exchange with publisher confirms: every
+// message is persistent and mandatory, and counts as delivered only once the broker
+// confirmed it. A message the broker nacks, returns as unroutable (no queue bound for its
+// routing key) or never confirms (the connection dropped) fails, and the relay retries it.
+// The routing key is the event type by default ([SenderConfig] routes differently); the
+// message-id property is the event ID (outbox.Message.DedupID: a replayed dead letter gets a
+// fresh one). RabbitMQ does not deduplicate: a relay's re-send after a crash is a second
+// copy, which the consumer's inbox (outboxpgx.Idempotent…) absorbs.
+//
+// Messages travel as CloudEvents 1.0 in the binary mode of the CloudEvents AMQP binding:
+// the attributes are application properties (AMQP 0-9-1 headers) named with the
+// "cloudEvents:" prefix (cloudEvents:id, cloudEvents:type, cloudEvents:source,
+// cloudEvents:time, cloudEvents:specversion, cloudEvents:partitionkey…), datacontenttype is
+// the content-type property, and the body is the payload. Attribute values are strings (the
+// binding's canonical form: 0-9-1 timestamps keep whole seconds only, so cloudEvents:time is
+// an RFC 3339 string); receivers also accept native AMQP values and the JMS-style
+// "cloudEvents_" prefix from other producers.
+//
+// A [Receiver] consumes a quorum queue with manual acknowledgements and a prefetch window.
+// Attempt is the queue's delivery count (x-delivery-count) plus the attempts the message
+// had before going through a retry queue (the [AttemptsHeader]). Nack with a delay sends a
+// copy to a retry queue — a quorum queue whose per-queue TTL is the delay and whose
+// dead-letter target is the main queue — waits for the broker's confirm, then acks the
+// original; the copy returns to the main queue when its TTL expires. Delays round up to
+// the retry queues' delays ([DefaultRetryDelays]: 1s, 5s, 30s, 2m, 10m, 1h). After
+// MaxAttempts the consumer runtime writes the dead letter and acks.
+//
+// Per-key order: a plain queue hands messages to several consumers and retries send a
+// message around later ones, so order holds only per key among what one consumer
+// received and handled at the first attempt. For strict per-key order declare the queue
+// Ordered ([Topology].Ordered: single active consumer) and set [ReceiverConfig].Ordered: one
+// message in flight, and a retried message is held and requeued at the head of the queue
+// rather than sent around. That is the whole queue's throughput in one consumer at a time;
+// to scale out, split keys over several ordered queues (one binding and one Receiver per
+// queue, routed by a [SenderConfig].RoutingKey that hashes the event key).
+//
+// Creating the exchange and queues is the application's job (or its infrastructure code's);
+// [Declare] does it for tests, examples and small deployments, and [Features] says what a
+// declared [Topology] promises.
+//
+// Connections: each Sender and Receiver dials its own connection on first use and redials
+// after a loss with a bounded backoff ([Connection]). Deliveries of a lost connection cannot
+// be acked any more (the broker has requeued them; they come again, one attempt higher).
+//
+// Sizes are checked before sending: a body over [SenderConfig].MaxMessageBytes (16 MiB by
+// default; keep it at most the broker's max_message_size) or headers over the connection's
+// frame size fail with an error wrapping outbox.ErrTooLarge, which the relay dead-letters at
+// once.
+package outboxamqp

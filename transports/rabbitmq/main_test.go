@@ -1,0 +1,131 @@
+package outboxamqp_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/txoutbox/outbox/outboxtest"
+	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// DefaultURL is the broker the tests use unless $TXOUTBOX_AMQP_URL names another.
+const defaultURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+func amqpURL() string {
+	if u := os.Getenv("TXOUTBOX_AMQP_URL"); u != "" {
+		return u
+	}
+	return defaultURL
+}
+
+// admin opens a plain connection and channel for declaring and inspecting, closed at the
+// test's end; a broker that cannot be reached is outboxtest.RequireService's business.
+func admin(t testing.TB, url string) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		outboxtest.RequireService(t, "RabbitMQ at "+outboxamqp.Where(url), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// unique returns a fresh lower-case suffix for exchange, queue and schema names.
+func unique() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// testDelays are short retry queues, so retries in tests take a second, not minutes.
+var testDelays = []time.Duration{200 * time.Millisecond, time.Second, 2 * time.Second}
+
+// destination is a fresh exchange and queue (with retry queues), a sender and a receiver
+// for one test; everything is deleted and closed at its end.
+type destination struct {
+	top      outboxamqp.Topology
+	admin    *amqp.Channel
+	sender   *outboxamqp.Sender
+	receiver *outboxamqp.Receiver
+	conn     outboxamqp.Connection
+}
+
+func newDestination(t testing.TB, top outboxamqp.Topology, scfg outboxamqp.SenderConfig, rcfg outboxamqp.ReceiverConfig) *destination {
+	t.Helper()
+	return newDestinationAt(t, amqpURL(), top, scfg, rcfg)
+}
+
+func newDestinationAt(t testing.TB, url string, top outboxamqp.Topology, scfg outboxamqp.SenderConfig, rcfg outboxamqp.ReceiverConfig) *destination {
+	t.Helper()
+	ch := admin(t, url)
+	id := unique()
+	top.Exchange = "outboxtest." + id
+	top.Queue = "outboxtest." + id
+	if top.RetryDelays == nil {
+		top.RetryDelays = testDelays
+	}
+	if err := outboxamqp.Declare(ch, top); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteTopology(t, url, top) })
+	d := &destination{top: top, admin: ch, conn: outboxamqp.Connection{URL: url, ReconnectBackoff: 50 * time.Millisecond, MaxReconnectBackoff: time.Second}}
+	scfg.Exchange = top.Exchange
+	var err error
+	if d.sender, err = outboxamqp.NewSender(d.conn, &scfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.sender.Close() })
+	rcfg.Queue, rcfg.RetryDelays, rcfg.Ordered = top.Queue, top.RetryDelays, top.Ordered
+	if d.receiver, err = outboxamqp.NewReceiver(d.conn, &rcfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.receiver.Close() })
+	return d
+}
+
+// deleteTopology deletes top's queues and exchange, on a connection of its own (the test's
+// channel may have been closed by a broker error).
+func deleteTopology(t testing.TB, url string, top outboxamqp.Topology) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Errorf("deleting %s: %v", top.Queue, err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Errorf("deleting %s: %v", top.Queue, err)
+		return
+	}
+	for _, q := range top.QueueNames() {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			t.Errorf("deleting queue %s: %v", q, err)
+			return
+		}
+	}
+	if err := ch.ExchangeDelete(top.Exchange, false, false); err != nil {
+		t.Errorf("deleting exchange %s: %v", top.Exchange, err)
+	}
+}
+
+// queueDepth returns how many messages are ready in queue.
+func queueDepth(t testing.TB, ch *amqp.Channel, queue string) int {
+	t.Helper()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q.Messages
+}

@@ -1,0 +1,30 @@
+package outboxamqp_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/outboxtest"
+	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+)
+
+// TestRetryDeadLetterReplay: against RabbitMQ, a failing handler is retried through the
+// retry queues (the attempt counted across them), dead-lettered after MaxAttempts,
+// replayed through the outbox once fixed, and handled.
+func TestRetryDeadLetterReplay(t *testing.T) {
+	t.Parallel()
+	p := pgxtest.New(t, "outboxamqp")
+	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
+		Store: p.Outbox.NewStore(p.Pool),
+		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
+			p.Commit(t, events...)
+			return nil
+		},
+		Sender:      d.sender,
+		Receiver:    d.receiver,
+		DeadLetters: p.Outbox.NewDeadLetters(p.Pool),
+	})
+}

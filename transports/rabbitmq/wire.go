@@ -1,0 +1,137 @@
+package outboxamqp
+
+import (
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/cloudevents"
+)
+
+// PropertyPrefix prefixes the CloudEvents attributes among a message's application
+// properties (AMQP 0-9-1 headers), as the CloudEvents AMQP binding names them:
+// "cloudEvents:id", "cloudEvents:type"… datacontenttype travels as the content-type
+// property instead.
+const PropertyPrefix = "cloudEvents:"
+
+// jmsPropertyPrefix is the JMS-compatible spelling some CloudEvents SDKs write
+// ("cloudEvents_id"); receivers read it too.
+const jmsPropertyPrefix = "cloudEvents_"
+
+// AttemptsHeader counts the deliveries a message had before a [Receiver] sent it through a
+// retry queue; the Receiver adds the queue's own delivery count to it for Attempt.
+const AttemptsHeader = "txoutbox-attempts"
+
+// encode turns m into a persistent AMQP publishing in CloudEvents binary mode: the
+// attributes as cloudEvents:-prefixed headers, datacontenttype as content-type, the event
+// ID (Message.DedupID) as message-id, the event type as the type property.
+func encode(m outbox.Message, source string) (amqp.Publishing, error) {
+	p := amqp.Publishing{
+		Headers:      make(amqp.Table, 8+len(m.Headers)),
+		DeliveryMode: amqp.Persistent,
+		MessageId:    m.DedupID(),
+		Type:         m.Type,
+		Timestamp:    m.CreatedAt, // whole seconds on the wire; cloudEvents:time is exact
+		Body:         m.Body,
+	}
+	err := outboxce.EachBinary(m, source, func(k, v string) {
+		if k == outboxce.ContentTypeHeader {
+			p.ContentType = v
+			return
+		}
+		p.Headers[PropertyPrefix+strings.TrimPrefix(k, outboxce.HeaderPrefix)] = v
+	})
+	if err != nil {
+		return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("outboxamqp: encoding message %s: %w", m.ID, err))
+	}
+	return p, nil
+}
+
+// headerBytes estimates the size of p's content header frame: the properties the sender
+// sets and the headers table as AMQP encodes it (long strings). It must fit in one frame.
+func headerBytes(p *amqp.Publishing) int {
+	n := 64 + len(p.ContentType) + len(p.MessageId) + len(p.Type)
+	for k, v := range p.Headers {
+		n += 1 + len(k) + 1 + 4
+		if s, ok := v.(string); ok {
+			n += len(s)
+		}
+	}
+	return n
+}
+
+// decode rebuilds the event of a delivery. A message that is not a valid txoutbox
+// CloudEvent gives an *outbox.MalformedError keeping the body and headers as received.
+func decode(d *amqp.Delivery, where string) (outbox.Message, error) {
+	attrs := make(map[string]string, len(d.Headers)+1)
+	for k, v := range d.Headers {
+		var name string
+		switch {
+		case strings.HasPrefix(k, PropertyPrefix):
+			name = k[len(PropertyPrefix):]
+		case strings.HasPrefix(k, jmsPropertyPrefix):
+			name = k[len(jmsPropertyPrefix):]
+		default:
+			continue
+		}
+		attrs[outboxce.HeaderPrefix+name] = attributeString(v)
+	}
+	if d.ContentType != "" {
+		attrs[outboxce.ContentTypeHeader] = d.ContentType
+	}
+	m, err := outboxce.FromBinary(attrs, d.Body)
+	if err == nil {
+		return m, nil
+	}
+	raw := make(map[string]string, len(d.Headers)+2)
+	for k, v := range d.Headers {
+		raw[k] = attributeString(v)
+	}
+	if d.ContentType != "" {
+		raw["content-type"] = d.ContentType
+	}
+	if d.MessageId != "" {
+		raw["message-id"] = d.MessageId
+	}
+	partial := outbox.Message{
+		Type:        attrs[outboxce.HeaderPrefix+"type"],
+		Key:         attrs[outboxce.HeaderPrefix+"partitionkey"],
+		ContentType: d.ContentType,
+		Body:        d.Body,
+	}
+	partial.ID, _ = uuid.Parse(attrs[outboxce.HeaderPrefix+"id"])
+	return partial, &outbox.MalformedError{
+		Partial:         partial,
+		BrokerMessageID: d.MessageId,
+		Attributes:      raw,
+		Body:            d.Body,
+		Err:             fmt.Errorf("outboxamqp: message at %s (delivery tag %d): %w", where, d.DeliveryTag, err),
+	}
+}
+
+// attributeString is an attribute value in its CloudEvents canonical string form: the
+// binding lets senders use native AMQP types (timestamp, long, boolean, binary).
+func attributeString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	case []byte:
+		return base64.StdEncoding.EncodeToString(v)
+	case bool:
+		return strconv.FormatBool(v)
+	case int8, int16, int32, int64, int, uint8, uint16, uint32, uint64:
+		return fmt.Sprint(v)
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
