@@ -97,7 +97,7 @@ func redact(err error, url string) error {
 // backoff allows after a failed dial.
 type link struct {
 	cfg   Connection
-	where string // host:port/vhost, for errors and logs
+	where string // host:port[/vhost], for errors and logs
 
 	dialing chan struct{} // held while dialing: one dial at a time, waited for with a context
 
@@ -115,7 +115,10 @@ type link struct {
 func newLink(c Connection) *link {
 	where := "(unparsed URL)"
 	if u, err := amqp.ParseURI(c.URL); err == nil {
-		where = fmt.Sprintf("%s:%d/%s", u.Host, u.Port, u.Vhost)
+		where = fmt.Sprintf("%s:%d", u.Host, u.Port)
+		if u.Vhost != "/" {
+			where += "/" + u.Vhost
+		}
 	}
 	return &link{cfg: c, where: where, dialing: make(chan struct{}, 1)}
 }
@@ -244,6 +247,16 @@ func (l *link) blockedReason(conn *amqp.Connection) string {
 	return l.blocked
 }
 
+// closeChannel closes ch in the background: channel.close waits for the broker's reply,
+// which a half-dead connection never sends (the connection's close, at the latest, ends
+// the wait).
+func (l *link) closeChannel(ch *amqp.Channel) {
+	if ch.IsClosed() {
+		return
+	}
+	l.watchers.Go(func() { _ = ch.Close() })
+}
+
 // reconnects returns how many times the link dialled after its first connection.
 func (l *link) reconnects() int {
 	l.mu.Lock()
@@ -259,7 +272,9 @@ func (l *link) close() error {
 	l.mu.Unlock()
 	var err error
 	if conn != nil && !conn.IsClosed() {
-		if err = conn.Close(); errors.Is(err, amqp.ErrClosed) {
+		// A broker that stopped answering would hold a plain Close until the heartbeat
+		// timeout.
+		if err = conn.CloseDeadline(time.Now().Add(5 * time.Second)); errors.Is(err, amqp.ErrClosed) {
 			err = nil
 		}
 	}

@@ -112,11 +112,12 @@ type subscription struct {
 // unacknowledged on the lost connection, so those messages come again, Attempt one higher).
 func NewReceiver(conn Connection, cfg *ReceiverConfig) (*Receiver, error) {
 	c := cfg.WithDefaults()
+	conn = conn.withDefaults("txoutbox receiver")
 	errs := append(conn.validate(), c.validate()...)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("outboxamqp: invalid receiver configuration: %w", errors.Join(errs...))
 	}
-	return &Receiver{cfg: *c, link: newLink(conn.withDefaults("txoutbox receiver")), holds: map[*time.Timer]struct{}{}}, nil
+	return &Receiver{cfg: *c, link: newLink(conn), holds: map[*time.Timer]struct{}{}}, nil
 }
 
 // Close stops consuming and closes the connection: the broker requeues every message not
@@ -196,12 +197,12 @@ func (r *Receiver) subscribe(ctx context.Context) (*subscription, error) {
 		return nil, fmt.Errorf("outboxamqp: opening a channel to %s: %w", r.link.where, err)
 	}
 	if err := ch.Qos(r.cfg.Prefetch, 0, false); err != nil {
-		_ = ch.Close()
+		r.link.closeChannel(ch)
 		return nil, fmt.Errorf("outboxamqp: setting prefetch %d: %w", r.cfg.Prefetch, err)
 	}
 	deliveries, err := ch.Consume(r.cfg.Queue, "", false, false, false, false, nil)
 	if err != nil {
-		_ = ch.Close()
+		r.link.closeChannel(ch)
 		var aerr *amqp.Error
 		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
 			return nil, fmt.Errorf("outboxamqp: queue %q does not exist on %s (outboxamqp.Declare creates it): %w", r.cfg.Queue, r.link.where, err)
@@ -221,7 +222,7 @@ func (r *Receiver) lost(sub *subscription) error {
 	}
 	closed := r.closed
 	r.mu.Unlock()
-	_ = sub.ch.Close()
+	r.link.closeChannel(sub.ch)
 	if closed {
 		return errLinkClosed
 	}
@@ -457,7 +458,7 @@ func (r *Receiver) retryChannel(conn *amqp.Connection) (*pubChannel, error) {
 		return nil, err
 	}
 	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
+		r.link.closeChannel(ch)
 		return nil, err
 	}
 	pc = &pubChannel{conn: conn, ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}
@@ -473,7 +474,7 @@ func (r *Receiver) dropRetryChannel(pc *pubChannel) {
 		r.retryCh = nil
 	}
 	r.mu.Unlock()
-	_ = pc.ch.Close()
+	r.link.closeChannel(pc.ch)
 }
 
 var _ outbox.Receiver = (*Receiver)(nil)

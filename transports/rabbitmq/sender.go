@@ -110,8 +110,8 @@ type Sender struct {
 
 // pubChannel is a confirm-mode channel that one Send uses at a time.
 type pubChannel struct {
-	conn    *amqp.Connection
-	ch      *amqp.Channel
+	conn     *amqp.Connection
+	ch       *amqp.Channel
 	returns  chan amqp.Return
 	closed   chan *amqp.Error
 	closeErr error // why the channel closed, once known
@@ -122,11 +122,12 @@ type pubChannel struct {
 // connects on the first Send, and reconnects after a loss.
 func NewSender(conn Connection, cfg *SenderConfig) (*Sender, error) {
 	c := cfg.WithDefaults()
+	conn = conn.withDefaults("txoutbox sender")
 	errs := append(conn.validate(), c.validate()...)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("outboxamqp: invalid sender configuration: %w", errors.Join(errs...))
 	}
-	return &Sender{cfg: *c, link: newLink(conn.withDefaults("txoutbox sender"))}, nil
+	return &Sender{cfg: *c, link: newLink(conn)}, nil
 }
 
 // MaxMessageBytes returns the largest body the sender accepts.
@@ -378,7 +379,7 @@ func (s *Sender) acquire(conn *amqp.Connection) (*pubChannel, error) {
 			s.mu.Unlock()
 			return pc, nil
 		}
-		_ = pc.ch.Close()
+		s.link.closeChannel(pc.ch)
 	}
 	s.mu.Unlock()
 
@@ -393,7 +394,7 @@ func (s *Sender) acquire(conn *amqp.Connection) (*pubChannel, error) {
 		return nil, fmt.Errorf("outboxamqp: exchange %q on %s: %w (outboxamqp.Declare creates it)", s.cfg.Exchange, s.link.where, err)
 	}
 	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
+		s.link.closeChannel(ch)
 		return nil, fmt.Errorf("outboxamqp: putting a channel to %s in confirm mode: %w", s.link.where, err)
 	}
 	// Returns are read while a Send waits for its confirms; the buffer lets the client's
@@ -414,7 +415,7 @@ func (s *Sender) release(pc *pubChannel, clean bool) {
 		}
 		s.mu.Unlock()
 	}
-	_ = pc.ch.Close()
+	s.link.closeChannel(pc.ch)
 }
 
 var _ outbox.Sender = (*Sender)(nil)

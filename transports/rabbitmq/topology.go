@@ -143,12 +143,12 @@ func Declare(ch *amqp.Channel, t Topology) error {
 	for _, d := range t.RetryDelays {
 		name := RetryQueueName(t.Queue, d)
 		if _, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{
-			amqp.QueueTypeArg:              amqp.QueueTypeQuorum,
-			amqp.QueueMessageTTLArg:        d.Milliseconds(),
-			"x-dead-letter-exchange":       "", // the default exchange: routing key = queue name
-			"x-dead-letter-routing-key":    t.Queue,
-			"x-dead-letter-strategy":       "at-least-once",
-			amqp.QueueOverflowArg:          amqp.QueueOverflowRejectPublish, // at-least-once needs it
+			amqp.QueueTypeArg:           amqp.QueueTypeQuorum,
+			amqp.QueueMessageTTLArg:     d.Milliseconds(),
+			"x-dead-letter-exchange":    "", // the default exchange: routing key = queue name
+			"x-dead-letter-routing-key": t.Queue,
+			"x-dead-letter-strategy":    "at-least-once",
+			amqp.QueueOverflowArg:       amqp.QueueOverflowRejectPublish, // at-least-once needs it
 		}); err != nil {
 			return fmt.Errorf("outboxamqp: declaring retry queue %q: %w", name, err)
 		}
