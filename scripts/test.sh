@@ -16,6 +16,7 @@ export TXOUTBOX_MYSQL_DSN=${TXOUTBOX_MYSQL_DSN:-root@tcp(127.0.0.1:3306)/test?pa
 export TXOUTBOX_NATS_URL=${TXOUTBOX_NATS_URL:-nats://127.0.0.1:4222}
 export TXOUTBOX_AZURITE_CONN=${TXOUTBOX_AZURITE_CONN:-DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;}
 export TXOUTBOX_SQS_ENDPOINT=${TXOUTBOX_SQS_ENDPOINT:-http://127.0.0.1:4566}
+export TXOUTBOX_AMQP_URL=${TXOUTBOX_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}
 export GOTRACEBACK=all      # every goroutine's stack when a test panics or times out
 export GIT_TERMINAL_PROMPT=0 # a module fetch never waits for a password
 

@@ -5,7 +5,7 @@
 # packages are installed with apt-get; azurite and fauxqs come from npm (pinned in package.json), as does
 # the CloudEvents JS SDK that interop tests read our messages with.
 #
-# Usage: scripts/services/up.sh [SERVICE...]   (default: all of postgres mariadb nats azurite fauxqs)
+# Usage: scripts/services/up.sh [SERVICE...]   (default: all of postgres mariadb nats rabbitmq azurite fauxqs)
 #
 # The tests use these defaults (override by exporting them):
 #   TXOUTBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable
@@ -13,6 +13,7 @@
 #   TXOUTBOX_NATS_URL=nats://127.0.0.1:4222
 #   TXOUTBOX_AZURITE_CONN=DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;
 #   TXOUTBOX_SQS_ENDPOINT=http://127.0.0.1:4566
+#   TXOUTBOX_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/
 #
 # To add a service: add it to ALL, PORT and WAIT, and write start_NAME (starts it in the
 # background and sets PID[NAME]); optionally setup_NAME (runs once the port answers, also when
@@ -24,9 +25,9 @@ run=$here/.run
 mkdir -p "$run"
 exec 9>"$run/lock" && flock 9 # one up.sh at a time
 
-ALL=(postgres mariadb nats azurite fauxqs)
-declare -A PORT=([postgres]=5432 [mariadb]=3306 [nats]=4222 [azurite]=10001 [fauxqs]=4566)
-declare -A WAIT=([postgres]=30 [mariadb]=60 [nats]=20 [azurite]=60 [fauxqs]=30) # seconds
+ALL=(postgres mariadb nats rabbitmq azurite fauxqs)
+declare -A PORT=([postgres]=5432 [mariadb]=3306 [nats]=4222 [rabbitmq]=5672 [azurite]=10001 [fauxqs]=4566)
+declare -A WAIT=([postgres]=30 [mariadb]=60 [nats]=20 [rabbitmq]=90 [azurite]=60 [fauxqs]=30) # seconds
 declare -A PID=()
 
 fail() { echo "up.sh: $*" >&2; exit 1; }
@@ -140,6 +141,19 @@ setup_nats() { # the server greets every client with an INFO line that says whet
   # shellcheck disable=SC2016 # $l is expanded by the inner bash
   info=$(timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/4222 && IFS= read -r l <&3 && echo "$l"') || true
   [[ $info == *'"jetstream":true'* ]] || fail "nats: 127.0.0.1:4222 answers but without JetStream (needs -js)"
+}
+
+# RabbitMQ runs in the foreground under runuser, as its Debian package's user: its start
+# script turns SIGTERM (down.sh) into a clean stop. AMQP, the Erlang distribution port and
+# epmd (which erl starts, and which keeps running after the broker stops, as a system
+# daemon would) bind to loopback. The default guest/guest user may log in from loopback.
+start_rabbitmq() {
+  need /usr/lib/rabbitmq/bin/rabbitmq-server rabbitmq-server
+  answers "${PORT[rabbitmq]}" && return # apt-get install may have started it
+  spawn rabbitmq runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq \
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="${PORT[rabbitmq]}" ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1}' \
+    /usr/lib/rabbitmq/bin/rabbitmq-server
 }
 
 start_azurite() {
