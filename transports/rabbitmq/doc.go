@@ -30,9 +30,12 @@
 // Per-key order: a plain queue hands messages to several consumers and retries send a
 // message around later ones, so order holds only per key among what one consumer
 // received and handled at the first attempt. For strict per-key order declare the queue
-// Ordered ([Topology].Ordered: single active consumer) and set [ReceiverConfig].Ordered: one
-// message in flight, and a retried message is held and requeued at the head of the queue
-// rather than sent around. That is the whole queue's throughput in one consumer at a time;
+// Ordered ([Topology].Ordered: a single-active-consumer classic queue) and set
+// [ReceiverConfig].Ordered: one message in flight, and a retried message is held by the
+// receiver and handed out again rather than sent around (a RabbitMQ 3.x quorum queue
+// requeues at the back, which is why the ordered queue is classic: what a lost consumer
+// left unacknowledged goes back in place). That is the whole queue's throughput in one
+// consumer at a time;
 // to scale out, split keys over several ordered queues (one binding and one Receiver per
 // queue, routed by a [SenderConfig].RoutingKey that hashes the event key).
 //

@@ -38,10 +38,11 @@ type ReceiverConfig struct {
 	// [DefaultRetryDelays].
 	RetryDelays []time.Duration
 	// Ordered keeps per-key order through retries, for a single-active-consumer queue
-	// ([Topology].Ordered): one message in flight (Prefetch 1), and Nack holds the message
-	// for its delay (at most [MaxHold]) and then requeues it, so the queue redelivers it
-	// before any later message instead of the later ones overtaking it through a retry
-	// queue. Default false.
+	// ([Topology].Ordered): one message in flight (Prefetch 1), and Nack keeps the message
+	// unacknowledged for its delay (at most [MaxHold]) and then hands it out again from
+	// Receive, Attempt one higher, so no later message can overtake it (as it would
+	// through a retry queue, or a requeue: RabbitMQ 3.x quorum queues requeue at the
+	// back). Default false.
 	Ordered bool
 }
 
@@ -92,10 +93,12 @@ type Receiver struct {
 	link *link
 
 	mu      sync.Mutex
-	sub     *subscription // nil until the first Receive, and after a loss
-	retryCh *pubChannel   // confirm-mode channel for retry copies, nil until needed
-	retryMu sync.Mutex    // one retry copy at a time on retryCh
-	holds   map[*time.Timer]struct{}
+	sub     *subscription            // nil until the first Receive, and after a loss
+	retryCh *pubChannel              // confirm-mode channel for retry copies, nil until needed
+	retryMu sync.Mutex               // one retry copy at a time on retryCh
+	holds   map[*time.Timer]struct{} // ordered: nacked deliveries waiting out their delay
+	ready   []*delivery              // ordered: held deliveries due again
+	wake    chan struct{}            // a held delivery became ready
 	closed  bool
 }
 
@@ -117,7 +120,7 @@ func NewReceiver(conn Connection, cfg *ReceiverConfig) (*Receiver, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("outboxamqp: invalid receiver configuration: %w", errors.Join(errs...))
 	}
-	return &Receiver{cfg: *c, link: newLink(conn), holds: map[*time.Timer]struct{}{}}, nil
+	return &Receiver{cfg: *c, link: newLink(conn), holds: map[*time.Timer]struct{}{}, wake: make(chan struct{}, 1)}, nil
 }
 
 // Close stops consuming and closes the connection: the broker requeues every message not
@@ -128,7 +131,7 @@ func (r *Receiver) Close() error {
 	for t := range r.holds {
 		t.Stop()
 	}
-	r.holds = nil
+	r.holds, r.ready = nil, nil
 	r.sub, r.retryCh = nil, nil
 	r.mu.Unlock()
 	return r.link.close()
@@ -147,19 +150,28 @@ func (r *Receiver) Receive(ctx context.Context, limit int) ([]outbox.Delivery, e
 		return nil, err
 	}
 	limit = min(max(limit, 1), r.cfg.Prefetch)
+	if out := r.takeReady(limit); len(out) > 0 {
+		return out, nil
+	}
 	var out []outbox.Delivery
 	wait := time.NewTimer(r.cfg.MaxWait)
 	defer wait.Stop()
-	select {
-	case d, ok := <-sub.deliveries:
-		if !ok {
-			return nil, r.lost(sub)
+	for len(out) == 0 {
+		select {
+		case d, ok := <-sub.deliveries:
+			if !ok {
+				return nil, r.lost(sub)
+			}
+			out = append(out, r.newDelivery(sub, &d))
+		case <-r.wake:
+			if out = r.takeReady(limit); len(out) > 0 {
+				return out, nil
+			}
+		case <-wait.C:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		out = append(out, r.newDelivery(sub, &d))
-	case <-wait.C:
-		return nil, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
 	for len(out) < limit {
 		select {
@@ -301,8 +313,9 @@ func (d *delivery) Ack(ctx context.Context) error {
 	return nil
 }
 
-// Nack makes the message come again after delay. A delay of 0 requeues it at once. An
-// ordered receiver holds it for the delay (at most MaxHold) and then requeues it. Otherwise
+// Nack makes the message come again after delay. An ordered receiver holds it for the
+// delay (at most MaxHold) and then hands it out again itself. Otherwise a delay of 0
+// requeues it at once, and
 // a copy goes to the retry queue whose delay is the smallest not shorter than delay (the
 // longest when none is), counting this attempt in its AttemptsHeader, and once the broker
 // confirmed the copy the message is acknowledged; if the copy cannot be stored, the
@@ -312,11 +325,11 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 		return err
 	}
 	r := d.r
-	if delay <= 0 {
-		return d.requeue()
-	}
 	if r.cfg.Ordered {
 		return d.hold(min(delay, MaxHold))
+	}
+	if delay <= 0 {
+		return d.requeue()
 	}
 	if d.sub.ch.IsClosed() {
 		return fmt.Errorf("outboxamqp: nacking %s: %w", d.describe(), d.settleError(amqp.ErrClosed))
@@ -343,7 +356,8 @@ func (d *delivery) requeue() error {
 	return nil
 }
 
-// hold requeues the message after delay, keeping it unacknowledged meanwhile.
+// hold hands the message out again after delay, keeping it unacknowledged meanwhile, so
+// the broker (prefetch 1) delivers nothing after it: an ordered queue's next message waits.
 func (d *delivery) hold(delay time.Duration) error {
 	r := d.r
 	r.mu.Lock()
@@ -354,15 +368,38 @@ func (d *delivery) hold(delay time.Duration) error {
 	var t *time.Timer
 	t = time.AfterFunc(delay, func() {
 		r.mu.Lock()
-		_, live := r.holds[t]
+		defer r.mu.Unlock()
+		if _, live := r.holds[t]; !live {
+			return
+		}
 		delete(r.holds, t)
-		r.mu.Unlock()
-		if live {
-			_ = d.sub.ch.Nack(d.tag, false, true) // a closed channel has requeued it already
+		if d.sub.ch.IsClosed() {
+			return // the broker requeued it with its channel
+		}
+		d.attempt++
+		r.ready = append(r.ready, d)
+		select {
+		case r.wake <- struct{}{}:
+		default:
 		}
 	})
 	r.holds[t] = struct{}{}
 	return nil
+}
+
+// takeReady returns up to limit held deliveries that are due again.
+func (r *Receiver) takeReady(limit int) []outbox.Delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []outbox.Delivery
+	for len(r.ready) > 0 && len(out) < limit {
+		d := r.ready[0]
+		r.ready = r.ready[1:]
+		if !d.sub.ch.IsClosed() {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // settleError explains a failed ack or nack: on a closed channel, that the broker

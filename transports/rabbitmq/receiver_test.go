@@ -3,6 +3,8 @@ package outboxamqp_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +172,39 @@ func TestReceiverMissingQueue(t *testing.T) {
 	_, err = r.Receive(context.Background(), 1)
 	if err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "Declare") {
 		t.Fatalf("Receive = %v, want an error naming the missing queue and Declare", err)
+	}
+}
+
+// TestOrderedRetryHoldsItsPlace: on an ordered queue a nacked message is held and handed
+// out again, Attempt counting on, before the next message — which a requeue would not do
+// (RabbitMQ 3.x quorum queues requeue at the back; the ordered end-to-end test caught it).
+func TestOrderedRetryHoldsItsPlace(t *testing.T) {
+	t.Parallel()
+	d := newDestination(t, outboxamqp.Topology{Ordered: true}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	ctx := context.Background()
+	a, b := message("a.b", "k", `{"n":1}`), message("a.b", "k", `{"n":2}`)
+	for _, m := range []outbox.Message{a, b} {
+		if err := d.sender.Send(ctx, []outbox.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for i := range 4 {
+		dl := outboxtest.ReceiveN(t, d.receiver, 1, 10*time.Second)[0]
+		m, _ := dl.Message()
+		got = append(got, fmt.Sprintf("%s@%d", m.Body, dl.Attempt()))
+		if i < 2 {
+			err := dl.Nack(ctx, time.Duration(i)*100*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := dl.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []string{`{"n":1}@1`, `{"n":1}@2`, `{"n":1}@3`, `{"n":2}@1`}; !slices.Equal(got, want) {
+		t.Errorf("deliveries %v, want %v", got, want)
 	}
 }

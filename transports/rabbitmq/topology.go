@@ -22,7 +22,7 @@ var DefaultRetryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time
 // txoutbox relies on.
 //
 //   - Exchange: a durable topic exchange the [Sender] publishes to.
-//   - Queue: a durable quorum queue bound to it. Quorum queues count redeliveries
+//   - Queue: a durable quorum queue bound to it (classic when Ordered). Quorum queues count redeliveries
 //     (x-delivery-count), which [Receiver] reports as Attempt, and redeliver a requeued
 //     message before the others. Do not give it a delivery-limit at or below the
 //     consumer's MaxAttempts (RabbitMQ 4 sets 20 by default): the broker would drop or
@@ -42,10 +42,14 @@ type Topology struct {
 	// Bindings are the routing keys (topic patterns for a topic exchange) Queue is bound
 	// with. Default ["#"]: every message of the exchange.
 	Bindings []string
-	// Ordered makes Queue a single-active-consumer queue: however many receivers consume
-	// it, the broker delivers to one at a time, the others standing by to take over. With
-	// [ReceiverConfig].Ordered (one message in flight, retries held in place) this keeps
-	// per-key order, redeliveries included, at the cost of all parallelism on the queue.
+	// Ordered makes Queue a single-active-consumer classic queue: however many receivers
+	// consume it, the broker delivers to one at a time, the others standing by to take
+	// over, and what a lost consumer left unacknowledged goes back where it was (a RabbitMQ
+	// 3.x quorum queue would put it at the back). With [ReceiverConfig].Ordered (one
+	// message in flight, retries held in the receiver) this keeps per-key order,
+	// redeliveries included, at the cost of all parallelism on the queue. A classic queue
+	// does not count redeliveries: after a lost connection Attempt counts one more
+	// whatever the number of losses.
 	Ordered bool
 	// RetryDelays are the delays of the retry queues. Default [DefaultRetryDelays]. Each
 	// must be at least 1ms; pass the same list to [ReceiverConfig].RetryDelays.
@@ -130,7 +134,9 @@ func Declare(ch *amqp.Channel, t Topology) error {
 	}
 	args := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
 	if t.Ordered {
-		args[amqp.SingleActiveConsumerArg] = true
+		// A classic queue puts back what a lost consumer had unacknowledged where it was;
+		// a RabbitMQ 3.x quorum queue puts it at the back, behind later messages of its key.
+		args = amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeClassic, amqp.SingleActiveConsumerArg: true}
 	}
 	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, args); err != nil {
 		return fmt.Errorf("outboxamqp: declaring queue %q: %w", t.Queue, err)
