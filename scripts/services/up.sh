@@ -3,7 +3,7 @@
 # port already answers is left alone; only the others are started, and their PIDs are recorded in
 # scripts/services/.run/ so that down.sh stops only what this script started. Missing Debian
 # packages are installed with apt-get; azurite and fauxqs come from npm (pinned in package.json), as does
-# the CloudEvents JS SDK that interop tests read our messages with.
+# the CloudEvents JS SDK (and amqplib) that interop tests read and write our messages with.
 #
 # Usage: scripts/services/up.sh [SERVICE...]   (default: all of postgres mariadb nats rabbitmq azurite fauxqs)
 #
@@ -60,13 +60,14 @@ spawn() {
   PID[$name]=$!
 }
 
-# npm packages go to scripts/services/node_modules; reinstalled when package*.json change.
+# npm packages go to scripts/services/node_modules (the emulators, and the CloudEvents SDK
+# and amqplib of the RabbitMQ interop tests); reinstalled when package*.json change.
 node_deps() {
   [[ -n ${node_ready:-} ]] && return
-  command -v node >/dev/null || fail "node not found (azurite and fauxqs need Node 20+)"
+  command -v node >/dev/null || fail "node not found (azurite, fauxqs and the interop tests need Node 20+)"
   local stamp=$here/node_modules/.txoutbox-stamp
   if [[ ! -f $stamp || $(cat "$stamp") != "$(cd "$here" && cat package.json package-lock.json | sha256sum)" ]]; then
-    echo "npm: installing azurite, fauxqs and cloudevents into scripts/services/node_modules (takes ~1 min)"
+    echo "npm: installing scripts/services/package.json into scripts/services/node_modules (takes ~1 min)"
     (cd "$here" && npm install --no-audit --no-fund) >"$run/npm-install.log" 2>&1 ||
       { tail -n 30 "$run/npm-install.log" >&2; fail "npm install failed (log: $run/npm-install.log)"; }
     (cd "$here" && cat package.json package-lock.json | sha256sum) >"$stamp"
@@ -179,7 +180,7 @@ done
 
 # The interop tests read our messages with the CloudEvents JS SDK from the same node_modules,
 # so install it even when the emulators are already running (from another checkout).
-if [[ " ${names[*]} " == *" azurite "* || " ${names[*]} " == *" fauxqs "* ]]; then node_deps 9>&-; fi
+if [[ " ${names[*]} " == *" azurite "* || " ${names[*]} " == *" fauxqs "* || " ${names[*]} " == *" rabbitmq "* ]]; then node_deps 9>&-; fi
 
 # Start everything that is down first, then wait for each: the slow ones start in parallel.
 started=()
