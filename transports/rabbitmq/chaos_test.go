@@ -129,7 +129,7 @@ func (pl *chaosPipeline) start(production context.Context) {
 	t := pl.t
 	var relays []*outbox.Relay
 	for i := range 2 {
-		r, err := outbox.NewRelay(pl.p.Outbox.NewStore(pl.p.Pool), countingFailures{pl.d.sender, &pl.failedSends}, &outbox.RelayConfig{
+		r, err := outbox.NewRelay(pl.p.Store(t), countingFailures{pl.d.sender, &pl.failedSends}, &outbox.RelayConfig{
 			Name: fmt.Sprintf("chaos-%s-%d", pl.name, i), BatchSize: 100, Lease: 2 * time.Second,
 			// Attempts count the outage here, not faults of the events: retries 10× faster
 			// than the default need more of them to span it.
@@ -141,7 +141,7 @@ func (pl *chaosPipeline) start(production context.Context) {
 		relays = append(relays, r)
 	}
 	c, err := consumer.New(pl.d.receiver, &consumer.Config{
-		Name: "chaos", DeadLetters: pl.p.Outbox.NewDeadLetters(pl.p.Pool),
+		Name: "chaos", DeadLetters: pl.p.DeadLetters(t),
 		RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second, MaxAttempts: 100, Logger: quiet,
 	})
 	if err != nil {

@@ -49,12 +49,12 @@ func TestEndToEnd(t *testing.T) {
 			if _, err := p.Pool.Exec(context.Background(), "CREATE TABLE "+p.Schema+".effects (n bigserial, event_id uuid NOT NULL)"); err != nil {
 				t.Fatal(err)
 			}
-			relay, err := outbox.NewRelay(p.Outbox.NewStore(p.Pool), d.sender, &outbox.RelayConfig{BatchSize: 50, Logger: quiet})
+			relay, err := outbox.NewRelay(p.Store(t), d.sender, &outbox.RelayConfig{BatchSize: 50, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
 			c, err := consumer.New(d.receiver, &consumer.Config{
-				Name: "e2e", DeadLetters: p.Outbox.NewDeadLetters(p.Pool), RetryBackoff: 100 * time.Millisecond,
+				Name: "e2e", DeadLetters: p.DeadLetters(t), RetryBackoff: 100 * time.Millisecond,
 				MaxRetryBackoff: 200 * time.Millisecond, Logger: quiet,
 			})
 			if err != nil {

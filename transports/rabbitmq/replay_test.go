@@ -18,13 +18,13 @@ func TestRetryDeadLetterReplay(t *testing.T) {
 	p := pgxtest.New(t, "outboxamqp")
 	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
 	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
-		Store: p.Outbox.NewStore(p.Pool),
+		Store: p.Store(t),
 		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
 			p.Commit(t, events...)
 			return nil
 		},
 		Sender:      d.sender,
 		Receiver:    d.receiver,
-		DeadLetters: p.Outbox.NewDeadLetters(p.Pool),
+		DeadLetters: p.DeadLetters(t),
 	})
 }
