@@ -64,7 +64,7 @@ func TestInteropJavaScriptReads(t *testing.T) {
 	want := map[string]any{
 		"specversion": "1.0", "id": m.ID.String(), "type": "orders.placed", "source": "/orders-service",
 		"datacontenttype": "application/json",
-		"partitionkey": "customer-7", "traceparent": m.Headers["traceparent"], "txheaders": `{"X-Tenant":"acme"}`,
+		"partitionkey":    "customer-7", "traceparent": m.Headers["traceparent"], "txheaders": `{"X-Tenant":"acme"}`,
 		"data": map[string]any{"order_id": "o-1", "note": "ünïcode"},
 	}
 	for k, v := range want {
