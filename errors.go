@@ -19,6 +19,9 @@ var (
 	ErrNotInTransaction = errors.New("outbox: publish needs a transaction (the event must commit with your changes)")
 	// ErrClosed is returned by components used after they stopped.
 	ErrClosed = errors.New("outbox: closed")
+	// ErrInvalidEvent is wrapped by the errors of events Publish refuses: no ID, a nil
+	// payload or Encodable, or a type, key or header that breaks the rules of [Message].
+	ErrInvalidEvent = errors.New("outbox: invalid event")
 )
 
 // EncodeError reports a payload its codec could not encode.

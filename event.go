@@ -1,10 +1,13 @@
 package outbox
 
 import (
-	"errors"
 	"fmt"
 	"maps"
+	"reflect"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -13,7 +16,12 @@ import (
 // ("files.parse_requested"); it is stored with the event and used by consumers to dispatch,
 // never derived by reflection, so renaming a Go type does not break consumers.
 //
-// EventType must work on the zero value of the type (use a value receiver).
+// EventType must work on the zero value of the type (use a value receiver). A pointer type
+// whose element has a value-receiver EventType works too ([Decode] and consumer.Handle
+// call it on a new element, never on a nil pointer).
+//
+// The type must be non-empty and hold no control characters (see [Message] for every rule
+// Publish checks).
 type Payload interface {
 	EventType() string
 }
@@ -104,37 +112,71 @@ func newID() uuid.UUID {
 	return id
 }
 
-// Type returns the payload's event type.
-func (e Event[T]) Type() string { return e.Payload.EventType() }
+// Type returns the payload's event type, or "" when the payload cannot name one (a nil
+// pointer, an EventType that panics).
+func (e Event[T]) Type() string {
+	typ, _ := payloadType(e.Payload)
+	return typ
+}
 
-// Encode turns the event into its stored form. It fails, without panicking, when the event
-// has no ID, the payload names no type or the codec cannot encode it.
+// Encode turns the event into its stored form. It fails, without panicking, with an error
+// wrapping [ErrInvalidEvent] when the event has no ID, the payload is a nil pointer or names
+// no valid type, or a key or header breaks the rules of [Message]; and with an
+// [EncodeError] when the codec cannot encode the payload.
 func (e Event[T]) Encode() (Message, error) {
 	codec := e.codec
 	if codec == nil {
 		codec = JSON
 	}
-	typ := e.Payload.EventType()
-	if err := checkEnvelope(e.ID, typ); err != nil {
+	typ, err := payloadType(e.Payload)
+	if err != nil {
 		return Message{}, err
 	}
-	body, err := codec.Marshal(e.Payload)
-	if err != nil {
-		return Message{}, &EncodeError{ID: e.ID, Type: typ, Err: err}
-	}
-	created := e.CreatedAt
-	if created.IsZero() {
-		created = time.Now().UTC()
-	}
-	return Message{
+	m := Message{
 		ID:          e.ID,
 		Type:        typ,
 		Key:         e.Key,
 		Headers:     maps.Clone(e.Headers),
 		ContentType: codec.ContentType(),
-		Body:        body,
-		CreatedAt:   created,
-	}, nil
+		CreatedAt:   e.CreatedAt,
+	}
+	if err := m.Validate(); err != nil {
+		return Message{}, err
+	}
+	if m.Body, err = codec.Marshal(e.Payload); err != nil {
+		return Message{}, &EncodeError{ID: e.ID, Type: typ, Err: err}
+	}
+	if m.CreatedAt.IsZero() {
+		m.CreatedAt = time.Now().UTC()
+	}
+	return m, nil
+}
+
+// payloadType returns p's event type without panicking: a nil pointer payload, or an
+// EventType that panics, is an error wrapping [ErrInvalidEvent].
+func payloadType(p Payload) (typ string, err error) {
+	if v := reflect.ValueOf(p); !v.IsValid() || v.Kind() == reflect.Pointer && v.IsNil() {
+		return "", fmt.Errorf("%w: the payload is a nil %T", ErrInvalidEvent, p)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %T.EventType panicked: %v", ErrInvalidEvent, p, r)
+		}
+	}()
+	return p.EventType(), nil
+}
+
+// EventTypeOf returns the event type of payload type T: EventType called on T's zero value,
+// or on a new element when T is a pointer type (so *P works when P has a value-receiver
+// EventType). It fails instead of panicking when EventType panics.
+func EventTypeOf[T Payload]() (string, error) {
+	var zero T
+	if rt := reflect.TypeFor[T](); rt.Kind() == reflect.Pointer {
+		if p, ok := reflect.New(rt.Elem()).Interface().(T); ok {
+			zero = p
+		}
+	}
+	return payloadType(zero)
 }
 
 // Encodable is anything [Event] adapters can publish: every Event[T], and [Message] itself
@@ -145,6 +187,17 @@ type Encodable interface {
 
 // Message is the encoded, untyped form of an event: what the outbox table stores and what
 // transports carry.
+//
+// Publish accepts only what every transport can carry, so that nothing it stores is
+// rejected or altered later by a broker ([Message.Validate] checks it):
+//   - ID is not the zero UUID;
+//   - Type is non-empty, valid UTF-8 and holds no control characters;
+//   - Key is valid UTF-8, holds no control characters and neither starts nor ends with
+//     white space (brokers trim or refuse it: an SQS group ID, a NATS subject token);
+//   - ContentType is valid UTF-8 without control characters;
+//   - header names are non-empty, valid UTF-8 and hold no control characters; header
+//     values are valid UTF-8 and hold no control characters other than tab (NUL, CR and
+//     LF cannot cross SQS or NATS).
 type Message struct {
 	ID          uuid.UUID
 	Type        string
@@ -155,14 +208,17 @@ type Message struct {
 	CreatedAt   time.Time
 }
 
-// Encode returns m after checking it has an ID and a type, so a Message can be published
-// wherever an Event can.
+// Encode returns m after checking it with [Message.Validate], so a Message can be published
+// wherever an Event can. An empty ContentType becomes JSON's, a zero CreatedAt now.
 func (m Message) Encode() (Message, error) {
-	if err := checkEnvelope(m.ID, m.Type); err != nil {
+	if err := m.Validate(); err != nil {
 		return Message{}, err
 	}
 	if m.ContentType == "" {
 		m.ContentType = JSON.ContentType()
+	}
+	if m.CreatedAt.IsZero() {
+		m.CreatedAt = time.Now().UTC()
 	}
 	return m, nil
 }
@@ -182,22 +238,79 @@ func (m Message) DedupID() string {
 	return m.ID.String()
 }
 
-func checkEnvelope(id uuid.UUID, typ string) error {
-	var errs []error
-	if id == uuid.Nil {
-		errs = append(errs, errors.New("outbox: event has no ID (build events with outbox.New)"))
+// Validate checks m against the rules listed on [Message] and returns an error wrapping
+// [ErrInvalidEvent] that names every problem, or nil.
+func (m Message) Validate() error {
+	var errs []string
+	if m.ID == uuid.Nil {
+		errs = append(errs, "it has no ID (build events with outbox.New)")
 	}
-	if typ == "" {
-		errs = append(errs, errors.New("outbox: event payload returns an empty EventType"))
+	if m.Type == "" {
+		errs = append(errs, "its type is empty")
+	} else if why := badText(m.Type, false); why != "" {
+		errs = append(errs, fmt.Sprintf("its type %q %s", m.Type, why))
 	}
-	return errors.Join(errs...)
+	if why := badText(m.Key, false); why != "" {
+		errs = append(errs, fmt.Sprintf("its key %q %s", m.Key, why))
+	} else if strings.TrimSpace(m.Key) != m.Key {
+		errs = append(errs, fmt.Sprintf("its key %q starts or ends with white space", m.Key))
+	}
+	if why := badText(m.ContentType, false); why != "" {
+		errs = append(errs, fmt.Sprintf("its content type %q %s", m.ContentType, why))
+	}
+	for name, value := range m.Headers {
+		if name == "" {
+			errs = append(errs, "it has a header with an empty name")
+		} else if why := badText(name, false); why != "" {
+			errs = append(errs, fmt.Sprintf("its header name %q %s", name, why))
+		}
+		if why := badText(value, true); why != "" {
+			errs = append(errs, fmt.Sprintf("its header %q has a value that %s", name, why))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w %s: %s", ErrInvalidEvent, m.ID, strings.Join(errs, "; "))
+}
+
+// badText says why s cannot cross every transport, or returns "". The relay checks every
+// row it claims, so plain ASCII takes a fast path.
+func badText(s string, tabOK bool) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= utf8.RuneSelf {
+			ascii = false
+			break
+		} else if c < 0x20 || c == 0x7f {
+			if c == '\t' && tabOK {
+				continue
+			}
+			return fmt.Sprintf("holds the control character %U", rune(c))
+		}
+	}
+	if ascii {
+		return ""
+	}
+	if !utf8.ValidString(s) {
+		return "is not valid UTF-8"
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) && (r != '\t' || !tabOK) {
+			return fmt.Sprintf("holds the control character %U", r)
+		}
+	}
+	return ""
 }
 
 // Decode turns a message back into a typed event. It fails with [ErrTypeMismatch] when the
 // message is of another type, and with a [DecodeError] when the body cannot be decoded.
 func Decode[T Payload](m Message) (Event[T], error) {
-	var zero T
-	if want := zero.EventType(); m.Type != want {
+	want, err := EventTypeOf[T]()
+	if err != nil {
+		return Event[T]{}, err
+	}
+	if m.Type != want {
 		return Event[T]{}, fmt.Errorf("%w: message %s is %q, not %q", ErrTypeMismatch, m.ID, m.Type, want)
 	}
 	codec, err := codecFor(m.ContentType)

@@ -79,3 +79,65 @@ func TestRelayConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+// valueType has a value-receiver EventType, so a nil *valueType cannot call it.
+type valueType struct{ N int }
+
+func (valueType) EventType() string { return "value.type" }
+
+// TestNilPointerPayloadsNeverPanic: a nil *T payload fails Encode with ErrInvalidEvent, an
+// EventType that panics too, and a pointer type with a value-receiver EventType works for
+// EventTypeOf and Decode.
+func TestNilPointerPayloadsNeverPanic(t *testing.T) {
+	e := outbox.New[*valueType](nil)
+	if _, err := e.Encode(); !errors.Is(err, outbox.ErrInvalidEvent) {
+		t.Fatalf("Encode of a nil pointer payload: %v, want ErrInvalidEvent", err)
+	}
+	if e.Type() != "" {
+		t.Fatalf("Type of a nil pointer payload = %q, want \"\"", e.Type())
+	}
+	if _, err := outbox.New(panicky{}).Encode(); !errors.Is(err, outbox.ErrInvalidEvent) {
+		t.Fatalf("Encode with a panicking EventType: %v", err)
+	}
+	if typ, err := outbox.EventTypeOf[*valueType](); err != nil || typ != "value.type" {
+		t.Fatalf("EventTypeOf[*valueType] = %q, %v", typ, err)
+	}
+	if _, err := outbox.EventTypeOf[panicky](); !errors.Is(err, outbox.ErrInvalidEvent) {
+		t.Fatalf("EventTypeOf[panicky]: %v", err)
+	}
+	m, err := outbox.New(&valueType{N: 7}).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := outbox.Decode[*valueType](m)
+	if err != nil || got.Payload == nil || got.Payload.N != 7 {
+		t.Fatalf("Decode[*valueType] = %+v, %v", got, err)
+	}
+}
+
+type panicky struct{}
+
+func (panicky) EventType() string { panic("no type") }
+
+// TestValidateNamesEveryProblem: Validate lists each rule a message breaks, and accepts what
+// every transport carries.
+func TestValidateNamesEveryProblem(t *testing.T) {
+	m := outbox.Message{Type: "a\x01", Key: " k", ContentType: "x\n",
+		Headers: map[string]string{"": "v", "n": "\xff", "t": "a\tb"}}
+	err := m.Validate()
+	if !errors.Is(err, outbox.ErrInvalidEvent) {
+		t.Fatalf("Validate: %v", err)
+	}
+	for _, want := range []string{"no ID", "type", "white space", "content type", "empty name", "not valid UTF-8"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not mention %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), `"t"`) {
+		t.Errorf("a tab in a header value was refused: %v", err)
+	}
+	ok, _ := outbox.New(ParseRequested{}, outbox.WithKey("ünï code"), outbox.WithHeader("x-€", "a\tb")).Encode()
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("a carriable message was refused: %v", err)
+	}
+}

@@ -230,11 +230,17 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	// A message claimed more often than MaxAttempts lost its earlier leases without a
 	// write-back: its sends crashed or hung the relay. Dead-letter it instead of looping.
+	// A row the store could not read is dead-lettered alone; the rest of the claim goes on.
 	var out outcome
 	sendable := make([]Claimed, 0, len(claimed)) // sized once: a batch is hundreds of messages
 	for _, c := range claimed {
+		if c.Err != nil {
+			out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Kind: deadUnreadableRow,
+				Reason: fmt.Sprintf("unreadable outbox row: %v", c.Err)})
+			continue
+		}
 		if c.Attempts > r.cfg.MaxAttempts {
-			out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Reason: fmt.Sprintf(
+			out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Kind: deadGaveUp, Reason: fmt.Sprintf(
 				"claimed %d times without an outcome (the relay crashed or timed out while sending it)", c.Attempts-1)})
 			continue
 		}
@@ -267,6 +273,15 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	return len(claimed), nil
 }
+
+// Kinds of the relay's dead letters: deadletter.Kind values (deadletter imports this
+// package, so the names cannot be shared).
+const (
+	deadGaveUp        = "gave-up"
+	deadPermanent     = "permanent"
+	deadTooLarge      = "too-large"
+	deadUnreadableRow = "unreadable-row"
+)
 
 type outcome struct {
 	done, release []int64
@@ -309,11 +324,14 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, out *outcome) {
 				blocked[c.Message.Key] = true
 			}
 			if IsPermanent(err) || c.Attempts >= r.cfg.MaxAttempts {
-				reason := err.Error()
-				if !IsPermanent(err) {
-					reason = fmt.Sprintf("gave up after %d attempts: %v", c.Attempts, err)
+				d := DeadLetter{Seq: c.Seq, Kind: deadPermanent, Reason: err.Error()}
+				switch {
+				case errors.Is(err, ErrTooLarge):
+					d.Kind = deadTooLarge
+				case !IsPermanent(err):
+					d.Kind, d.Reason = deadGaveUp, fmt.Sprintf("gave up after %d attempts: %v", c.Attempts, err)
 				}
-				out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Reason: reason})
+				out.dead = append(out.dead, d)
 				continue
 			}
 			delay, ok := RetryDelay(err)

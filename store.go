@@ -44,6 +44,12 @@ type Claimed struct {
 	// Attempts counts claims of this message, this one included.
 	Attempts int
 	Message  Message
+	// Err is set when the row could not be read into a valid Message (written by raw SQL,
+	// a trigger or another producer: an id that is not a UUID, headers that are not a
+	// JSON object of strings, a type or key that breaks the rules of [Message]…). It
+	// names the column and the problem; Message holds what could be read. The relay
+	// dead-letters such a row alone, and the store keeps its raw values.
+	Err error
 }
 
 // Retry is one message to release for another attempt.
@@ -57,6 +63,9 @@ type Retry struct {
 type DeadLetter struct {
 	Seq    int64
 	Reason string
+	// Kind classifies the failure for people filtering dead letters: one of the
+	// deadletter.Kind values ("gave-up", "permanent", "too-large", "unreadable-row").
+	Kind string
 }
 
 // Tables names the tables the SQL adapters use. The zero value means the connection's

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -147,22 +148,31 @@ func New(r outbox.Receiver, cfg *Config) (*Consumer, error) {
 // choose the delay.
 type Handler[T outbox.Payload] func(ctx context.Context, e outbox.Event[T]) error
 
-// Handle registers h for events of type T (by T's EventType). Registering a type twice
+// Handle registers h for events of type T (by T's EventType; T may be a pointer to a type
+// with a value-receiver EventType). Registering a type twice, or a T whose EventType panics,
 // panics: it is a programming error, like a duplicate HTTP route.
 func Handle[T outbox.Payload](c *Consumer, h Handler[T]) {
-	var zero T
-	typ := zero.EventType()
+	typ, err := outbox.EventTypeOf[T]()
+	if err != nil {
+		panic(fmt.Sprintf("consumer: cannot register a handler: %v", err))
+	}
 	if _, dup := c.handlers[typ]; dup {
 		panic(fmt.Sprintf("consumer: a handler for %q is already registered", typ))
 	}
 	c.handlers[typ] = func(ctx context.Context, m outbox.Message) error {
 		e, err := outbox.Decode[T](m)
 		if err != nil {
-			return outbox.Permanent(err)
+			return outbox.Permanent(&undecodable{err})
 		}
 		return h(ctx, e)
 	}
 }
+
+// undecodable marks the error of a body that does not decode into the handler's type.
+type undecodable struct{ err error }
+
+func (u *undecodable) Error() string { return u.err.Error() }
+func (u *undecodable) Unwrap() error { return u.err }
 
 // Info describes the delivery a handler is running for.
 type Info struct {
@@ -297,7 +307,7 @@ func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
 	attempt := d.Attempt()
 	m, err := d.Message()
 	if err != nil {
-		c.deadLetter(ctx, d, m, attempt, fmt.Sprintf("undecodable message: %v", err))
+		c.deadLetter(ctx, d, malformed(m, err), attempt)
 		return
 	}
 	ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(m.Headers))
@@ -312,7 +322,8 @@ func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
 
 	h, ok := c.handlers[m.Type]
 	if !ok {
-		c.deadLetter(ctx, d, m, attempt, fmt.Sprintf("no handler for event type %q", m.Type))
+		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: deadletter.KindUnknownType,
+			Reason: fmt.Sprintf("no handler for event type %q", m.Type)}, attempt)
 		return
 	}
 	err = callHandler(WithInfo(ctx, Info{Consumer: c.cfg.Name, Attempt: attempt}), h, m)
@@ -330,9 +341,14 @@ func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
 		// Shutting down: leave the message to its visibility timeout, unacknowledged.
 		log.Info("consumer: handler interrupted by shutdown", "event_id", m.ID)
 	case outbox.IsPermanent(err):
-		c.deadLetter(ctx, d, m, attempt, err.Error())
+		kind := deadletter.KindPermanent
+		if errors.As(err, new(*undecodable)) {
+			kind = deadletter.KindUndecodable
+		}
+		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: kind, Reason: err.Error()}, attempt)
 	case attempt >= c.cfg.MaxAttempts:
-		c.deadLetter(ctx, d, m, attempt, fmt.Sprintf("gave up after %d attempts: %v", attempt, err))
+		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: deadletter.KindGaveUp,
+			Reason: fmt.Sprintf("gave up after %d attempts: %v", attempt, err)}, attempt)
 	default:
 		delay, ok := outbox.RetryDelay(err)
 		if !ok {
@@ -356,19 +372,34 @@ func callHandler(ctx context.Context, h func(context.Context, outbox.Message) er
 	return h(ctx, m)
 }
 
-// deadLetter records d and acknowledges it; if recording fails, d is retried later.
-func (c *Consumer) deadLetter(ctx context.Context, d outbox.Delivery, m outbox.Message, attempt int, reason string) {
+// malformed is the dead letter of a delivery whose Message failed with err: everything a
+// transport's [outbox.MalformedError] kept (what could be read, the broker's message ID,
+// the attributes and body as received), so acknowledging the message loses nothing.
+func malformed(partial outbox.Message, err error) deadletter.Entry {
+	e := deadletter.Entry{Message: partial, Kind: deadletter.KindMalformed, Reason: err.Error()}
+	if !errors.Is(err, outbox.ErrMalformed) {
+		e.Reason = fmt.Sprintf("%v: %v", outbox.ErrMalformed, err)
+	}
+	var me *outbox.MalformedError
+	if errors.As(err, &me) {
+		e.Message, e.BrokerMessageID = me.Partial, me.BrokerMessageID
+		e.Raw = &deadletter.Raw{Attributes: maps.Clone(me.Attributes), Body: me.Body}
+	}
+	return e
+}
+
+// deadLetter records e (the entry of d, Stage, Consumer, Attempts and times filled in here)
+// and acknowledges d. The table stores any content (see the deadletter package), so a
+// failure means it is unreachable: d is then retried with backoff.
+func (c *Consumer) deadLetter(ctx context.Context, d outbox.Delivery, e deadletter.Entry, attempt int) {
 	now := time.Now().UTC()
-	err := c.cfg.DeadLetters.Add(ctx, deadletter.Entry{
-		Message:       m,
-		Stage:         deadletter.StageConsumer,
-		Consumer:      c.cfg.Name,
-		Reason:        reason,
-		Attempts:      attempt,
-		FirstFailedAt: now,
-		LastFailedAt:  now,
-	})
-	log := c.cfg.Logger.With("consumer", c.cfg.Name, "event_id", m.ID, "type", m.Type)
+	e.Stage, e.Consumer, e.Attempts, e.FirstFailedAt, e.LastFailedAt = deadletter.StageConsumer, c.cfg.Name, attempt, now, now
+	err := c.cfg.DeadLetters.Add(ctx, e)
+	m, reason := e.Message, e.Reason
+	log := c.cfg.Logger.With("consumer", c.cfg.Name, "event_id", m.ID, "type", m.Type, "kind", e.Kind)
+	if e.BrokerMessageID != "" {
+		log = log.With("broker_message_id", e.BrokerMessageID)
+	}
 	if err != nil {
 		log.Error("consumer: writing a dead letter failed; will retry the message", "reason", reason, "err", err)
 		_ = c.nack(ctx, d, outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff))

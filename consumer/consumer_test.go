@@ -347,3 +347,158 @@ func TestAckTimeoutFreesTheKey(t *testing.T) {
 		t.Fatalf("the hanging Ack returned %v with %v, want context.DeadlineExceeded after AckTimeout", returned, err)
 	}
 }
+
+// PaidPtr has a value-receiver EventType; handlers may take it by pointer.
+type PaidPtr struct {
+	Order int `json:"order"`
+}
+
+func (PaidPtr) EventType() string { return "orders.paid_ptr" }
+
+// TestPointerPayloadHandler: Handle[*T] for a T with a value-receiver EventType registers
+// and decodes instead of panicking on a nil *T.
+func TestPointerPayloadHandler(t *testing.T) {
+	h := newHarness(t, nil, consumer.Config{})
+	got := make(chan int, 1)
+	consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[*PaidPtr]) error {
+		got <- e.Payload.Order
+		return nil
+	})
+	h.send(t, outbox.New(&PaidPtr{Order: 7}))
+	h.run(t)
+	select {
+	case n := <-got:
+		if n != 7 {
+			t.Fatalf("handled order %d, want 7", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the *PaidPtr handler never ran")
+	}
+}
+
+// flakyDLQ fails its first fails writes, as a dead-letter table that is down would.
+type flakyDLQ struct {
+	memoryDLQ
+	fails int
+	tries int
+}
+
+func (q *flakyDLQ) Add(ctx context.Context, e deadletter.Entry) error {
+	q.mu.Lock()
+	q.tries++
+	down := q.tries <= q.fails
+	q.mu.Unlock()
+	if down {
+		return errors.New("connection refused")
+	}
+	return q.memoryDLQ.Add(ctx, e)
+}
+
+// TestDeadLetterStoreDownIsRetried: while the dead-letter table is unreachable the message
+// is nacked and comes back (past MaxAttempts: dropping it would lose it); once the table
+// answers, it is stored once and acknowledged.
+func TestDeadLetterStoreDownIsRetried(t *testing.T) {
+	dlq := &flakyDLQ{fails: 3}
+	q := outboxmem.New(nil)
+	c, err := consumer.New(q, &consumer.Config{Name: "test", DeadLetters: dlq, MaxAttempts: 1,
+		RetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer.Handle(c, func(context.Context, outbox.Event[Paid]) error { return nil })
+	m, _ := outbox.New(Unhandled{}).Encode()
+	if err := q.Send(context.Background(), []outbox.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	outboxtest.WaitFor(t, 10*time.Second, "the message to be dead-lettered", func() bool { return q.Len() == 0 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	dl := dlq.all()
+	if len(dl) != 1 || dl[0].Attempts != 4 || dl[0].Kind != deadletter.KindUnknownType {
+		t.Fatalf("dead letters %+v: want one, at the 4th delivery, kind unknown-type", dl)
+	}
+}
+
+// TestMalformedDeliveryKeepsEvidence: the consumer turns a transport's MalformedError into a
+// dead letter with the broker's message ID, the attributes and body as received, and what
+// could be read; it acknowledges the message.
+func TestMalformedDeliveryKeepsEvidence(t *testing.T) {
+	dlq := &memoryDLQ{}
+	me := &outbox.MalformedError{
+		Partial:         outbox.Message{Type: "orders.paid", Key: "k"},
+		BrokerMessageID: "m-1",
+		Attributes:      map[string]string{"ce-id": "nope"},
+		Body:            []byte("{raw"),
+		Err:             errors.New("ce-id is not a UUID"),
+	}
+	r := &oneDelivery{err: me}
+	c, err := consumer.New(r, &consumer.Config{Name: "test", DeadLetters: dlq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer.Handle(c, func(context.Context, outbox.Event[Paid]) error { return nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	outboxtest.WaitFor(t, 10*time.Second, "the delivery to be settled", r.settled)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	dl := dlq.all()
+	if len(dl) != 1 {
+		t.Fatalf("%d dead letters", len(dl))
+	}
+	e := dl[0]
+	if e.Kind != deadletter.KindMalformed || e.BrokerMessageID != "m-1" || e.Message.Type != "orders.paid" ||
+		e.Raw == nil || e.Raw.Attributes["ce-id"] != "nope" || string(e.Raw.Body) != "{raw" || !r.acked {
+		t.Fatalf("dead letter %+v (raw %+v), acked %v", e, e.Raw, r.acked)
+	}
+}
+
+// oneDelivery delivers one message whose Message fails with err.
+type oneDelivery struct {
+	mu          sync.Mutex
+	err         error
+	sent, acked bool
+	nacked      bool
+}
+
+func (r *oneDelivery) Receive(ctx context.Context, max int) ([]outbox.Delivery, error) {
+	r.mu.Lock()
+	if !r.sent {
+		r.sent = true
+		r.mu.Unlock()
+		return []outbox.Delivery{r}, nil
+	}
+	r.mu.Unlock()
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (r *oneDelivery) settled() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.acked || r.nacked
+}
+
+func (r *oneDelivery) Message() (outbox.Message, error) { return outbox.Message{}, r.err }
+func (r *oneDelivery) Attempt() int                     { return 1 }
+func (r *oneDelivery) Ack(context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.acked = true
+	return nil
+}
+
+func (r *oneDelivery) Nack(context.Context, time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.nacked = true
+	return nil
+}

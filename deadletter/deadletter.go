@@ -6,12 +6,20 @@
 //
 // Each SQL adapter opens the table of its outbox: outboxpgx.NewDeadLetters(pool),
 // outboxsql.NewDeadLetters…; they all return a [Table].
+//
+// A dead letter is stored whatever its content. Text the database would refuse is made
+// storable — invalid UTF-8 becomes U+FFFD, NUL bytes are dropped, values longer than their
+// column are cut (with a trailing "…") — and the entry as it came is kept in the table's
+// raw column ([Entry.Raw]), so nothing is lost. A message the consumer could not read at
+// all (an [outbox.MalformedError]) keeps its body and attributes as received there too.
 package deadletter
 
 import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
 )
@@ -35,14 +43,52 @@ const (
 	StatusDiscarded Status = "discarded"
 )
 
+// Kind classifies why an event became a dead letter.
+type Kind string
+
+// Kinds. Entries written before the table had the column (migration 3) were classified
+// by their reasons where these were recognisable, and have Kind "" otherwise.
+const (
+	// KindGaveUp: delivery (relay) or handling (consumer) failed MaxAttempts times, or the
+	// relay lost its lease while sending that often.
+	KindGaveUp Kind = "gave-up"
+	// KindPermanent: the Sender or the handler returned an [outbox.Permanent] error, or the
+	// handler panicked.
+	KindPermanent Kind = "permanent"
+	// KindTooLarge: the message is over the broker's size limit ([outbox.ErrTooLarge]).
+	KindTooLarge Kind = "too-large"
+	// KindUnreadableRow: the relay could not read the outbox row (written by raw SQL or
+	// another producer); Raw holds its columns as they were.
+	KindUnreadableRow Kind = "unreadable-row"
+	// KindMalformed: the broker message is not a valid event ([outbox.ErrMalformed]); Raw
+	// holds its attributes and body as received and BrokerMessageID names it.
+	KindMalformed Kind = "malformed"
+	// KindUnknownType: the consumer has no handler for the event type.
+	KindUnknownType Kind = "unknown-type"
+	// KindUndecodable: the body does not decode into the handler's payload type.
+	KindUndecodable Kind = "undecodable"
+)
+
 // Entry is one dead letter.
 type Entry struct {
-	ID       int64 // the dead letter's own ID
+	ID int64 // the dead letter's own ID
+	// Message is the event. Its ID is uuid.Nil when none could be read (a malformed
+	// message, an outbox row whose id is not a UUID): the table stores NULL, never a
+	// made-up ID. Its text fields are as stored, made storable if they had to be (see Raw).
 	Message  outbox.Message
 	Stage    Stage
+	Kind     Kind
 	Consumer string // consumer name, for StageConsumer
 	Reason   string
 	Attempts int
+	// BrokerMessageID is the broker's own identity of the message (SQS MessageId, Azure
+	// Queue message ID, JetStream sequence…), set by the consumer for malformed messages.
+	BrokerMessageID string
+	// Raw is the entry as it came, kept when something had to change to store it or when
+	// the message was malformed; nil otherwise. Writers set Raw (Attributes, Body) to keep
+	// evidence the other fields cannot hold; the table fills in the rest. A raw column that
+	// no longer parses (edited by hand) comes back whole in Raw.Body.
+	Raw *Raw
 
 	FirstFailedAt   time.Time
 	LastFailedAt    time.Time
@@ -54,8 +100,14 @@ type Entry struct {
 type Filter struct {
 	Status    Status
 	Stage     Stage
+	Kind      Kind
 	Consumer  string
 	EventType string
+	EventID   uuid.UUID
+	// BrokerMessageID finds a malformed message by the broker's ID for it.
+	BrokerMessageID string
+	// ReasonContains matches reasons that contain it (case-sensitive).
+	ReasonContains string
 	// Since and Until bound LastFailedAt (Since inclusive, Until exclusive).
 	Since, Until time.Time
 	// AfterID pages: only entries with a larger ID. Entries come in ID order.
@@ -71,6 +123,12 @@ var ErrNotFound = errors.New("deadletter: no such dead letter")
 // or discarded.
 var ErrNotPending = errors.New("deadletter: entry is not pending")
 
+// ErrNotReplayable is returned when replaying an entry that cannot be rebuilt into the
+// event it was: a malformed message or an unreadable outbox row (their envelope was never
+// read in full), an entry without an event ID, or one whose event had to be changed to be
+// stored. Its Raw still holds the original for a person to repair and publish.
+var ErrNotReplayable = errors.New("deadletter: entry cannot be replayed as an event")
+
 // Writer adds dead letters; the consumer runtime writes through it.
 type Writer interface {
 	Add(ctx context.Context, e Entry) error
@@ -85,7 +143,8 @@ type Table interface {
 	Get(ctx context.Context, id int64) (Entry, error)
 	// Replay puts a pending entry's event back into the outbox (same event ID, so
 	// idempotent consumers that already handled it skip it) and marks the entry replayed, in
-	// one transaction.
+	// one transaction. It fails with [ErrNotReplayable] for an entry that cannot be rebuilt
+	// into its event.
 	Replay(ctx context.Context, id int64) error
 	// Discard marks a pending entry discarded; the row stays for audit.
 	Discard(ctx context.Context, id int64) error

@@ -56,6 +56,9 @@ type IdempotencyFixture[TTx any] struct {
 	IdempotentHTTP func(h idempotency.HTTPTxHandler[TTx], cfg *idempotency.HTTPConfig) http.Handler
 	// PruneInbox is the adapter's PruneInbox.
 	PruneInbox func(ctx context.Context, retention time.Duration, limit int) (int64, error)
+	// SQL reaches the tables with raw SQL; the poison tests check the dialect's column
+	// limits by its Dialect.
+	SQL *RawSQL
 }
 
 // idemMode is one of the adapter's exactly-once wrappers, as the consumer-driven cases use it.
@@ -87,6 +90,7 @@ func ExerciseIdempotency[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 		t.Parallel()
 		exerciseGroupCommit(t, newFixture)
 	})
+	exercisePoisonConsumer(t, newFixture)
 	t.Run("DeadLetterListReplayDiscard", func(t *testing.T) {
 		t.Parallel()
 		deadLetterListReplayDiscard(t, newFixture(t))

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/deadletter"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
 
@@ -30,6 +31,13 @@ type StoreFixture struct {
 	// SingleRelay says the database supports one relay at a time (SQLite); multi-relay
 	// tests then run one.
 	SingleRelay bool
+	// PublishNilTx calls the adapter's Publish with a typed-nil transaction of its kind (a
+	// nil *sql.Tx in an interface, a nil pgx.Tx…); it must fail, not panic.
+	PublishNilTx func(ctx context.Context, events ...outbox.Encodable) error
+	// DeadLetterTable is the outbox's dead-letter table.
+	DeadLetterTable deadletter.Table
+	// SQL spoils rows as a producer that bypasses Publish would; nil skips those tests.
+	SQL *RawSQL
 }
 
 // DeadLetterRow is what the suite checks of a dead letter.
@@ -79,6 +87,8 @@ func fastRelay(name string, maxAttempts int) *outbox.RelayConfig {
 func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 	t.Helper()
 	ctx := context.Background()
+
+	exercisePoisonStore(t, newFixture)
 
 	t.Run("CommitIsDelivered", func(t *testing.T) {
 		t.Parallel()

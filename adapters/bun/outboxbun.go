@@ -82,8 +82,10 @@ func NewStore(db *bun.DB) (outbox.Store, error) { return defaultOutbox.NewStore(
 // Publish writes events inside db, which must be a bun.Tx (the tx of db.RunInTx, or of
 // BeginTx; a nested transaction's savepoint works too). The events become visible to the
 // relay when the transaction commits and vanish if it rolls back. An event that cannot be
-// encoded fails the call before anything is written. A *bun.DB or bun.Conn fails with
-// [outbox.ErrNotInTransaction] unless the outbox was built with [AllowNoTx].
+// encoded, or that breaks the rules of [outbox.Message] (outbox.ErrInvalidEvent), fails the
+// call before anything is written. A nil or zero db fails with
+// [outbox.ErrNotInTransaction], and so does a *bun.DB or bun.Conn unless the outbox was
+// built with [AllowNoTx].
 func (o *Outbox) Publish(ctx context.Context, db bun.IDB, events ...outbox.Encodable) error {
 	q, err := o.executor(db)
 	if err != nil {

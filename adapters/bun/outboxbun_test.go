@@ -106,7 +106,11 @@ func TestConformance(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				return o.Fixture(store, o.publish)
+				f := o.Fixture(store, o.publish)
+				f.PublishNilTx = func(ctx context.Context, events ...outbox.Encodable) error {
+					return o.Publish(ctx, (*bun.Tx)(nil), events...)
+				}
+				return f
 			})
 		})
 	}
@@ -340,6 +344,7 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
 		Pending:  o.Pending,
 		AgeInbox: o.AgeInbox,
+		SQL:      o.RawSQL(),
 	}
 	var err error
 	if o.DefaultNames() {

@@ -82,11 +82,12 @@ func NewStore(db *gorm.DB) (outbox.Store, error) { return defaultOutbox.NewStore
 
 // Publish writes events inside tx, the *gorm.DB of a db.Transaction callback or of Begin;
 // they become visible to the relay when tx commits and vanish if it rolls back. The context
-// is tx's (db.WithContext). An event that cannot be encoded fails the call before anything
-// is written. A tx outside a transaction fails with [outbox.ErrNotInTransaction] unless the
-// outbox was built with [AllowNoTx].
+// is tx's (db.WithContext). An event that cannot be encoded, or that breaks the rules of
+// [outbox.Message] (outbox.ErrInvalidEvent), fails the call before anything is written. A
+// nil tx fails with [outbox.ErrNotInTransaction], and so does a tx outside a transaction
+// unless the outbox was built with [AllowNoTx].
 func (o *Outbox) Publish(tx *gorm.DB, events ...outbox.Encodable) error {
-	if tx == nil || tx.Statement == nil || tx.Statement.ConnPool == nil {
+	if tx == nil || tx.Statement == nil || sqlstore.IsNil(tx.Statement.ConnPool) {
 		return fmt.Errorf("outboxgorm: %w: got a nil *gorm.DB", outbox.ErrNotInTransaction)
 	}
 	d, n, err := o.dialect(tx)

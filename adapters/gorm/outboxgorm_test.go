@@ -107,7 +107,13 @@ func TestConformance(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				return o.Fixture(store, o.publish)
+				f := o.Fixture(store, o.publish)
+				f.PublishNilTx = func(ctx context.Context, events ...outbox.Encodable) error {
+					tx := o.db.WithContext(ctx).Session(&gorm.Session{})
+					tx.Statement.ConnPool = (*sql.Tx)(nil)
+					return o.Publish(tx, events...)
+				}
+				return f
 			})
 		})
 	}
@@ -306,6 +312,7 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
 		Pending:  o.Pending,
 		AgeInbox: o.AgeInbox,
+		SQL:      o.RawSQL(),
 	}
 	var err error
 	if o.DefaultNames() {

@@ -125,5 +125,6 @@ func (o *testOutbox) idempotencyFixture(t *testing.T, pool *pgxpool.Pool) *outbo
 			}
 			return nil
 		},
+		SQL: o.rawSQL(),
 	}
 }

@@ -75,10 +75,12 @@ const copyThreshold = 32
 
 // Publish writes events inside tx; they become visible to the relay when tx commits and
 // vanish if it rolls back. An event that cannot be encoded fails the call before anything
-// is written, so the caller can roll back. One event costs one round trip.
+// is written, so the caller can roll back; so does an event that breaks the rules of
+// [outbox.Message] (outbox.ErrInvalidEvent). A nil tx, typed or not, fails with
+// outbox.ErrNotInTransaction. One event costs one round trip.
 func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable) error {
-	if tx == nil {
-		return outbox.ErrNotInTransaction
+	if sqlstore.IsNil(tx) {
+		return fmt.Errorf("outboxpgx: %w: got a nil %T", outbox.ErrNotInTransaction, tx)
 	}
 	msgs, err := sqlstore.Encode(ctx, events)
 	if err != nil || len(msgs) == 0 {

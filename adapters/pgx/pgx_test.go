@@ -68,9 +68,27 @@ func (o *testOutbox) fixture(t testing.TB) *outboxtest.StoreFixture {
 			return n, err
 		},
 		DeadLetters: func(ctx context.Context) ([]outboxtest.DeadLetterRow, error) {
-			rows, _ := o.pool.Query(ctx, "SELECT event_id, stage, reason, attempts FROM "+o.schema+".outbox_dead_letters ORDER BY id")
+			rows, _ := o.pool.Query(ctx, "SELECT coalesce(event_id, '00000000-0000-0000-0000-000000000000'), stage, reason, attempts FROM "+o.schema+".outbox_dead_letters ORDER BY id")
 			return pgx.CollectRows(rows, pgx.RowToStructByPos[outboxtest.DeadLetterRow])
 		},
+		PublishNilTx: func(ctx context.Context, events ...outbox.Encodable) error {
+			return o.Publish(ctx, (*pgxpool.Tx)(nil), events...)
+		},
+		DeadLetterTable: o.deadLetters(t),
+		SQL:             o.rawSQL(),
+	}
+}
+
+// rawSQL reaches the outbox's tables with raw SQL, for the suites' poison tests.
+func (o *testOutbox) rawSQL() *outboxtest.RawSQL {
+	return &outboxtest.RawSQL{
+		Dialect: "postgres",
+		Exec: func(ctx context.Context, query string) error {
+			_, err := o.pool.Exec(ctx, query)
+			return err
+		},
+		Outbox:      o.schema + ".outbox",
+		DeadLetters: o.schema + ".outbox_dead_letters",
 	}
 }
 

@@ -150,10 +150,12 @@ func NewStore(d Dialect, db *sql.DB) (outbox.Store, error) {
 
 // Publish writes events inside tx; they become visible to the relay when tx commits and
 // vanish if it rolls back. An event that cannot be encoded fails the call before anything
-// is written, so the caller can roll back. Up to 1000 events cost one statement.
+// is written, so the caller can roll back; so does an event that breaks the rules of
+// [outbox.Message] (outbox.ErrInvalidEvent). A nil tx, typed or not, fails with
+// outbox.ErrNotInTransaction. Up to 1000 events cost one statement.
 func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable) error {
-	if tx == nil {
-		return fmt.Errorf("outboxsql: %w", outbox.ErrNotInTransaction)
+	if sqlstore.IsNil(tx) {
+		return fmt.Errorf("outboxsql: %w: got a nil %T", outbox.ErrNotInTransaction, tx)
 	}
 	if err := sqlstore.Publish(ctx, o.d, sqlstore.StdQuerier(tx), o.names, events); err != nil {
 		return fmt.Errorf("outboxsql: %w", err)

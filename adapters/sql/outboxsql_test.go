@@ -12,6 +12,7 @@ import (
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 	_ "modernc.org/sqlite"
@@ -84,13 +85,23 @@ func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.
 	return tx.Commit()
 }
 
+// fixture is the store suite's fixture over o.
+func (o *testOutbox) fixture(t testing.TB) *outboxtest.StoreFixture {
+	f := o.Fixture(o.store(t), o.publish)
+	f.PublishNilTx = func(ctx context.Context, events ...outbox.Encodable) error {
+		var tx *sql.Tx
+		return o.Publish(ctx, tx, events...)
+	}
+	return f
+}
+
 func TestConformance(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			outboxtest.ExerciseStore(t, func(t *testing.T) *outboxtest.StoreFixture {
 				o := newTestOutbox(t, d.name, d.dialect, d.driver)
-				return o.Fixture(o.store(t), o.publish)
+				return o.fixture(t)
 			})
 		})
 	}
@@ -109,7 +120,7 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			o := &testOutbox{Outbox: ob, Target: tg}
-			return o.Fixture(o.store(t), o.publish)
+			return o.fixture(t)
 		})
 	})
 }
@@ -363,6 +374,7 @@ func (o *testOutbox) idempotencyFixture(t *testing.T, d outboxsql.Dialect) *outb
 		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
 		Pending:  o.Pending,
 		AgeInbox: o.AgeInbox,
+		SQL:      o.RawSQL(),
 	}
 	var err error
 	if o.DefaultNames() {
@@ -537,4 +549,94 @@ func TestSQLiteSeveralRelaysKeepOrder(t *testing.T) {
 		RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond}
 	outboxtest.RunRelays(t, o.store(t), q, 3, cfg, func() bool { return len(q.Sent()) >= len(events) })
 	outboxtest.CheckPerKeyOrder(t, events, q.Sent())
+}
+
+// TestMigration3KeepsOldDeadLetters: upgrading a version-2 outbox keeps its dead letters,
+// turns the all-zero event ID of old malformed messages into NULL, classifies old entries
+// by their reasons, and leaves a table that takes entries without an event ID; migrating
+// again changes nothing.
+func TestMigration3KeepsOldDeadLetters(t *testing.T) {
+	ctx := context.Background()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			tg := sqlstoretest.New(t, d.name, func(dsn string) (*sql.DB, error) { return sql.Open(d.driver, dsn) })
+			sd, _ := sqlstore.Lookup(d.name)
+			n, err := sqlstore.NewNames(sd, tg.Tables)
+			if err != nil {
+				t.Fatal(err)
+			}
+			exec := func(q string) {
+				t.Helper()
+				if _, err := tg.DB.ExecContext(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			migrations := map[string]string{
+				"postgres": "CREATE TABLE " + n.Migrations + " (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+				"mysql":    "CREATE TABLE " + n.Migrations + " (version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL)",
+				"sqlite":   "CREATE TABLE " + n.Migrations + " (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
+			}[d.name]
+			if d.name == "postgres" {
+				exec("CREATE SCHEMA " + tg.Tables.Schema)
+			}
+			exec(migrations)
+			for _, m := range sd.Migrations()[:2] {
+				script, err := sqlstore.Render(sd, m, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				exec(script)
+				exec(fmt.Sprintf("INSERT INTO %s (version, name, applied_at) VALUES (%d, '%s', '2024-01-01 00:00:00')", n.Migrations, m.Version, m.Name))
+			}
+			now := map[string]string{"postgres": "now()", "mysql": "UTC_TIMESTAMP(6)", "sqlite": "'2024-01-01 00:00:00.000'"}[d.name]
+			old := []struct{ id, reason string }{
+				{"00000000-0000-0000-0000-000000000000", "undecodable message: outbox: malformed message: no ce-id"},
+				{"0190a1b2-0000-7000-8000-000000000001", `no handler for event type "x"`},
+				{"0190a1b2-0000-7000-8000-000000000002", "gave up after 3 attempts: timeout"},
+			}
+			for _, o := range old {
+				exec("INSERT INTO " + n.DeadLetters + " (event_id, event_type, body, created_at, stage, consumer, reason, attempts, first_failed_at, last_failed_at)" +
+					" VALUES ('" + o.id + "', 'x', '', " + now + ", 'consumer', 'c', '" + strings.ReplaceAll(o.reason, "'", "''") + "', 1, " + now + ", " + now + ")")
+			}
+
+			o, err := outboxsql.New(d.dialect, tg.Tables)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 2 { // the second run must change nothing
+				if err := o.Migrate(ctx, tg.DB); err != nil {
+					t.Fatal(err)
+				}
+			}
+			table, err := o.NewDeadLetters(tg.DB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dl, err := table.List(ctx, deadletter.Filter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(dl) != 3 {
+				t.Fatalf("%d dead letters after the upgrade, want 3", len(dl))
+			}
+			want := []deadletter.Kind{deadletter.KindMalformed, deadletter.KindUnknownType, deadletter.KindGaveUp}
+			for i, e := range dl {
+				if e.Kind != want[i] || e.ID != int64(i+1) || e.Reason != old[i].reason {
+					t.Errorf("dead letter %d: id %d kind %q reason %q, want id %d kind %q", i, e.ID, e.Kind, e.Reason, i+1, want[i])
+				}
+			}
+			if dl[0].Message.ID != uuid.Nil || dl[1].Message.ID.String() != old[1].id {
+				t.Errorf("event IDs after the upgrade: %s, %s", dl[0].Message.ID, dl[1].Message.ID)
+			}
+			if err := table.Add(ctx, deadletter.Entry{Stage: deadletter.StageConsumer, Kind: deadletter.KindMalformed,
+				BrokerMessageID: "b-1", Reason: "no ID", Attempts: 1}); err != nil {
+				t.Fatalf("adding an entry without an event ID: %v", err)
+			}
+			dl, err = table.List(ctx, deadletter.Filter{BrokerMessageID: "b-1"})
+			if err != nil || len(dl) != 1 || dl[0].ID != 4 || dl[0].Message.ID != uuid.Nil {
+				t.Fatalf("the new entry: %+v, %v; want ID 4 without an event ID", dl, err)
+			}
+		})
+	}
 }

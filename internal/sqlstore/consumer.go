@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/idempotency"
@@ -43,11 +45,25 @@ func Consumer(d Dialect) (ConsumerDialect, error) {
 	return c, nil
 }
 
-// forReplay returns the message of dead letter id, marked as its replay (see
-// outbox.ReplayHeader), ready to go back into the outbox.
-func forReplay(id int64, m outbox.Message) (outbox.Message, error) {
-	if _, err := m.Encode(); err != nil {
-		return m, fmt.Errorf("deadletter: %d cannot be replayed (the message was never decoded): %w", id, err)
+// forReplay returns the message of dead letter e (ID id), marked as its replay (see
+// outbox.ReplayHeader), ready to go back into the outbox; or an error wrapping
+// deadletter.ErrNotReplayable when e cannot be rebuilt into the event it was.
+func forReplay(id int64, e deadletter.Entry) (outbox.Message, error) {
+	m := e.Message
+	why := ""
+	switch {
+	case e.Kind == deadletter.KindMalformed || e.Kind == deadletter.KindUnreadableRow:
+		why = fmt.Sprintf("it is %s: its envelope was never read in full", e.Kind)
+	case m.ID == uuid.Nil:
+		why = "it has no event ID (the message was never decoded)"
+	case e.Raw != nil && changedToStore(e):
+		why = "its event had to be changed to be stored (its Raw holds the original)"
+	}
+	if why != "" {
+		return m, fmt.Errorf("%w: dead letter %d: %s", deadletter.ErrNotReplayable, id, why)
+	}
+	if err := m.Validate(); err != nil {
+		return m, fmt.Errorf("%w: dead letter %d: %w", deadletter.ErrNotReplayable, id, err)
 	}
 	m.Headers = maps.Clone(m.Headers)
 	if m.Headers == nil {
@@ -57,10 +73,18 @@ func forReplay(id int64, m outbox.Message) (outbox.Message, error) {
 	return m, nil
 }
 
+// changedToStore reports whether the event of e differs from its Raw original.
+func changedToStore(e deadletter.Entry) bool {
+	r, m := e.Raw, e.Message
+	return r.Type != m.Type || r.Key != m.Key || r.ContentType != m.ContentType ||
+		r.ID != "" && r.ID != m.ID.String() || r.CreatedAt != "" || r.HeadersText != "" ||
+		r.Body != nil || !maps.Equal(r.Headers, m.Headers)
+}
+
 // listWhere turns a dead-letter filter into "?"-placeholder conditions, their arguments
 // and the row limit (default 100, at most 10,000). bindTime binds a time the way the dialect
-// stores the table's times.
-func listWhere(f deadletter.Filter, bindTime func(time.Time) any) (where []string, args []any, limit int) {
+// stores the table's times; contains is the dialect's condition "reason contains ?".
+func listWhere(f deadletter.Filter, bindTime func(time.Time) any, contains string) (where []string, args []any, limit int) {
 	add := func(cond string, v any) {
 		where = append(where, cond)
 		args = append(args, v)
@@ -76,6 +100,18 @@ func listWhere(f deadletter.Filter, bindTime func(time.Time) any) (where []strin
 	}
 	if f.EventType != "" {
 		add("event_type = ?", f.EventType)
+	}
+	if f.Kind != "" {
+		add("kind = ?", string(f.Kind))
+	}
+	if f.EventID != uuid.Nil {
+		add("event_id = ?", f.EventID.String())
+	}
+	if f.BrokerMessageID != "" {
+		add("broker_message_id = ?", f.BrokerMessageID)
+	}
+	if f.ReasonContains != "" {
+		add(contains, f.ReasonContains)
 	}
 	if !f.Since.IsZero() {
 		add("last_failed_at >= ?", bindTime(f.Since))

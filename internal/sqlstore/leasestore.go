@@ -24,10 +24,11 @@ type leaseStore struct {
 	// retry returns the statement, and its arguments, that releases rows for another
 	// attempt after their delay with their error, if they still carry token.
 	retry func(token int64, rs []outbox.Retry) (string, []any)
-	// markDead returns the statement, and its arguments, that writes each row's reason to
-	// its last_error if it still carries token; it is the first write of DeadLetter's
-	// transaction, so it also locks the rows.
-	markDead func(token int64, ds []outbox.DeadLetter) (string, []any)
+	// take reads, inside DeadLetter's transaction, the rows seqs (JoinSeqs) that still
+	// carry token, in failedRow's columns, and deletes them.
+	take func(ctx context.Context, q Querier, token int64, seqs string) ([]failedRow, error)
+	// dl writes the dialect's dead letters.
+	dl *dlWriter
 	// now is the dialect's expression for the database clock.
 	now string
 	// key is the quoted key column (a reserved word in MySQL).
@@ -43,6 +44,9 @@ func (s *leaseStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.
 
 // inSeqs renders "seq IN (1,2,3)". Splicing is safe: the values are formatted integers.
 func inSeqs(seqs []int64) string { return "seq IN (" + JoinSeqs(seqs) + ")" }
+
+// inJoined renders "seq IN (1,2,3)" from JoinSeqs' output.
+func inJoined(seqs string) string { return "seq IN (" + seqs + ")" }
 
 func (s *leaseStore) Complete(ctx context.Context, token int64, seqs []int64) error {
 	if len(seqs) == 0 {
@@ -60,39 +64,35 @@ func (s *leaseStore) Release(ctx context.Context, token int64, seqs []int64) err
 		" WHERE claim_token = ? AND "+inSeqs(seqs), token)
 }
 
+// Retry records each error made storable (a broker's error text may hold anything).
 func (s *leaseStore) Retry(ctx context.Context, token int64, retries []outbox.Retry) error {
 	if len(retries) == 0 {
 		return nil
 	}
-	query, args := s.retry(token, retries)
+	clean := make([]outbox.Retry, len(retries))
+	for i, r := range retries {
+		clean[i] = r
+		clean[i].Error, _ = cleanText(r.Error, 0, s.dl.lim.bytes)
+	}
+	query, args := s.retry(token, clean)
 	return s.db.Exec(ctx, query, args...)
 }
 
-// DeadLetter copies the rows into the dead-letter table and deletes them in one transaction.
-// Its first statement writes the rows (their reasons), so they stay this claim's until it
-// commits: no newer claim can take them between the copy and the delete.
+// DeadLetter moves the rows to the dead-letter table in one transaction: take locks, reads
+// and deletes them, and they are inserted made storable (see dlWriter.moveDeadLetters). The
+// first statement locks the rows, so they stay this claim's until it commits.
 func (s *leaseStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) error {
 	if len(dead) == 0 {
 		return nil
 	}
-	seqs := make([]int64, len(dead))
-	for i, d := range dead {
-		seqs[i] = d.Seq
-	}
-	mark, args := s.markDead(token, dead)
-	return inTxReadCommitted(ctx, s.db, func(q Querier) error {
-		if err := q.Exec(ctx, mark, args...); err != nil {
-			return err
-		}
-		if err := q.Exec(ctx, `INSERT INTO `+s.n.DeadLetters+` (event_id, event_type, event_key, headers,
-    content_type, body, created_at, stage, reason, attempts, first_failed_at, last_failed_at)
-SELECT id, type, `+s.key+`, headers, content_type, body, created_at, 'relay', last_error,
-       attempts, COALESCE(first_failed_at, `+s.now+`), `+s.now+`
-  FROM `+s.n.Outbox+` WHERE claim_token = ? AND `+inSeqs(seqs), token); err != nil {
-			return err
-		}
-		return q.Exec(ctx, "DELETE FROM "+s.n.Outbox+" WHERE claim_token = ? AND "+inSeqs(seqs), token)
+	return s.dl.moveDeadLetters(ctx, s.db, dead, func(ctx context.Context, q Querier) ([]failedRow, error) {
+		return s.take(ctx, q, token, deadSeqs(dead))
 	})
+}
+
+// failedColumns are the columns of a DeadLetter write-back's read, in failedRow order.
+func (s *leaseStore) failedColumns(headers string) string {
+	return "seq, id, type, " + s.key + ", " + headers + ", content_type, body, created_at, attempts, COALESCE(first_failed_at, " + s.now + "), " + s.now
 }
 
 // textTimeRows lets ScanClaimed read times that a driver returns as text (SQLite's TEXT

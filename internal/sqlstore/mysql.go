@@ -117,18 +117,20 @@ func messageArgs(m outbox.Message) []any {
 }
 
 func (mysqlDialect) Store(db DB, n *Names) outbox.Store {
-	return &leaseStore{
+	s := &leaseStore{
 		db:    db,
 		n:     n,
 		claim: mysqlClaim,
 		now:   mysqlNow,
 		key:   "`key`",
-		retry: func(token int64, rs []outbox.Retry) (string, []any) {
-			args := make([]any, 0, 3*len(rs)+1)
-			for _, r := range rs {
-				args = append(args, r.Seq, r.Delay.Microseconds(), r.Error)
-			}
-			return `UPDATE ` + n.Outbox + ` AS o
+		dl:    mysqlConsumer.writer(n),
+	}
+	s.retry = func(token int64, rs []outbox.Retry) (string, []any) {
+		args := make([]any, 0, 3*len(rs)+1)
+		for _, r := range rs {
+			args = append(args, r.Seq, r.Delay.Microseconds(), r.Error)
+		}
+		return `UPDATE ` + n.Outbox + ` AS o
   JOIN (` + mysqlRowsSQL(len(rs), "seq SIGNED", "delay_us SIGNED", "msg CHAR") + `) AS r
     ON o.seq = r.seq
    SET o.available_at = ` + mysqlNow + ` + INTERVAL r.delay_us MICROSECOND,
@@ -136,19 +138,22 @@ func (mysqlDialect) Store(db DB, n *Names) outbox.Store {
        o.first_failed_at = COALESCE(o.first_failed_at, ` + mysqlNow + `),
        o.claim_token = NULL, o.lease_owner = NULL, o.lease_until = NULL
  WHERE o.claim_token = ?`, append(args, token)
-		},
-		markDead: func(token int64, ds []outbox.DeadLetter) (string, []any) {
-			args := make([]any, 0, 2*len(ds)+1)
-			for _, d := range ds {
-				args = append(args, d.Seq, d.Reason)
-			}
-			return `UPDATE ` + n.Outbox + ` AS o
-  JOIN (` + mysqlRowsSQL(len(ds), "seq SIGNED", "reason CHAR") + `) AS r
-    ON o.seq = r.seq
-   SET o.last_error = r.reason
- WHERE o.claim_token = ?`, append(args, token)
-		},
 	}
+	// MySQL has no DELETE ... RETURNING: the locking read keeps the rows this claim's until
+	// the transaction commits.
+	s.take = func(ctx context.Context, q Querier, token int64, seqs string) ([]failedRow, error) {
+		rows, err := q.Query(ctx, "SELECT "+s.failedColumns("COALESCE(CAST(headers AS CHAR), '')")+
+			" FROM "+n.Outbox+" WHERE claim_token = ? AND "+inJoined(seqs)+" FOR UPDATE", token)
+		if err != nil {
+			return nil, err
+		}
+		taken, err := scanFailed(rows)
+		if err != nil || len(taken) == 0 {
+			return taken, err
+		}
+		return taken, q.Exec(ctx, "DELETE FROM "+n.Outbox+" WHERE claim_token = ? AND "+inJoined(seqs), token)
+	}
+	return s
 }
 
 // mysqlRowsSQL builds a derived table of rows rows of typed placeholders, "SELECT

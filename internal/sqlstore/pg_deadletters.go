@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -25,27 +24,34 @@ type pgDeadLetters struct {
 	n  *Names
 }
 
-const pgDeadLetterColumns = `id, event_id::text, event_type, event_key, coalesce(headers::text, ''), content_type, body,
-       created_at, stage, consumer, reason, attempts, first_failed_at, last_failed_at, status,
-       coalesce(status_changed_at, 'epoch'::timestamptz)`
+// pgDeadLetterColumns are the dead-letter columns in scanDeadLetters order.
+const pgDeadLetterColumns = `id, coalesce(event_id::text, ''), event_type, event_key, coalesce(headers::text, ''),
+       content_type, body, created_at, stage, kind, consumer, reason, attempts, first_failed_at,
+       last_failed_at, status, coalesce(status_changed_at, 'epoch'::timestamptz), broker_message_id, raw`
 
+// pgDeadLetterWriter inserts dead letters into n's table.
+func pgDeadLetterWriter(n *Names) *dlWriter {
+	return &dlWriter{
+		table: n.DeadLetters,
+		lim:   pgLimits,
+		tuple: func(row int) string {
+			o := row * 16
+			return fmt.Sprintf("($%d::uuid,$%d,$%d,$%d::jsonb,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d)",
+				o+1, o+2, o+3, o+4, o+5, o+6, o+7, o+8, o+9, o+10, o+11, o+12, o+13, o+14, o+15, o+16)
+		},
+		time:     func(t time.Time) any { return t },
+		failTime: func(t time.Time) any { return t },
+		maxRow:   1000,
+	}
+}
+
+// Add stores e whatever its content (see the deadletter package).
 func (t *pgDeadLetters) Add(ctx context.Context, e deadletter.Entry) error {
-	m := e.Message
-	if m.CreatedAt.IsZero() {
-		m.CreatedAt = time.Now().UTC()
-	}
-	if m.Body == nil {
-		m.Body = []byte{}
-	}
-	return t.db.Exec(ctx, `INSERT INTO `+t.n.DeadLetters+` (event_id, event_type, event_key, headers, content_type,
-    body, created_at, stage, consumer, reason, attempts, first_failed_at, last_failed_at)
-VALUES ($1::uuid, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-		m.ID.String(), m.Type, m.Key, HeadersJSON(m.Headers), m.ContentType, m.Body, m.CreatedAt,
-		string(e.Stage), e.Consumer, e.Reason, e.Attempts, e.FirstFailedAt, e.LastFailedAt)
+	return pgDeadLetterWriter(t.n).add(ctx, t.db, e)
 }
 
 func (t *pgDeadLetters) List(ctx context.Context, f deadletter.Filter) ([]deadletter.Entry, error) {
-	where, args, limit := listWhere(f, func(at time.Time) any { return at })
+	where, args, limit := listWhere(f, func(at time.Time) any { return at }, "strpos(reason, ?) > 0")
 	for i := range where { // PostgreSQL numbers its placeholders
 		where[i] = strings.Replace(where[i], "?", "$"+strconv.Itoa(i+1), 1)
 	}
@@ -71,7 +77,7 @@ func (t *pgDeadLetters) Replay(ctx context.Context, id int64) error {
 		if e.Status != deadletter.StatusPending {
 			return fmt.Errorf("%w: dead letter %d is %s", deadletter.ErrNotPending, id, e.Status)
 		}
-		m, err := forReplay(id, e.Message)
+		m, err := forReplay(id, e)
 		if err != nil {
 			return err
 		}
@@ -111,30 +117,56 @@ func getDeadLetter(ctx context.Context, q Querier, query string, id int64) (dead
 }
 
 // scanDeadLetters reads rows of the dead-letter columns, in pgDeadLetterColumns order.
+// A row no longer readable as written (headers that are not a JSON object of strings, a
+// time or event ID that does not parse: rows the relay copied before migration 3, rows
+// edited by hand) does not fail the others: what cannot be read goes to the entry's Raw.
 func scanDeadLetters(rows Rows) ([]deadletter.Entry, error) {
 	defer rows.Close()
 	var out []deadletter.Entry
 	for rows.Next() {
 		var (
-			e                     deadletter.Entry
-			id, hdr, stage, state string
-			changed               time.Time
+			e                             deadletter.Entry
+			id, hdr, stage, kind, state   string
+			created, first, last, changed lenientTime
+			raw                           []byte
 		)
 		m := &e.Message
-		if err := rows.Scan(&e.ID, &id, &m.Type, &m.Key, &hdr, &m.ContentType, &m.Body, &m.CreatedAt,
-			&stage, &e.Consumer, &e.Reason, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt, &state, &changed); err != nil {
+		if err := rows.Scan(&e.ID, &id, &m.Type, &m.Key, &hdr, &m.ContentType, &m.Body, &created,
+			&stage, &kind, &e.Consumer, &e.Reason, &e.Attempts, &first, &last, &state, &changed,
+			&e.BrokerMessageID, &raw); err != nil {
 			return nil, err
 		}
-		m.ID, _ = uuid.Parse(id) // the column is a uuid; a malformed message keeps the nil ID
-		if hdr != "" {
-			if err := json.Unmarshal([]byte(hdr), &m.Headers); err != nil {
-				return nil, errors.Join(fmt.Errorf("dead letter %d has invalid headers", e.ID), err)
+		e.Stage, e.Kind, e.Status = deadletter.Stage(stage), deadletter.Kind(kind), deadletter.Status(state)
+		e.FirstFailedAt, e.LastFailedAt, m.CreatedAt = first.t, last.t, created.t
+		if changed.t.Unix() > 0 {
+			e.StatusChangedAt = changed.t
+		}
+		if raw != nil {
+			e.Raw = &deadletter.Raw{}
+			if err := e.Raw.UnmarshalText(raw); err != nil {
+				e.Raw = &deadletter.Raw{Body: raw} // edited by hand: kept whole
 			}
 		}
-		e.Stage, e.Status = deadletter.Stage(stage), deadletter.Status(state)
-		m.CreatedAt, e.FirstFailedAt, e.LastFailedAt = m.CreatedAt.UTC(), e.FirstFailedAt.UTC(), e.LastFailedAt.UTC()
-		if changed.Unix() > 0 {
-			e.StatusChangedAt = changed.UTC()
+		unreadable := func(set func(r *deadletter.Raw)) {
+			if e.Raw == nil {
+				e.Raw = &deadletter.Raw{}
+			}
+			set(e.Raw)
+		}
+		if id != "" {
+			var err error
+			if m.ID, err = uuid.Parse(id); err != nil {
+				unreadable(func(r *deadletter.Raw) { r.ID = id })
+			}
+		}
+		if hdr != "" {
+			if err := json.Unmarshal([]byte(hdr), &m.Headers); err != nil {
+				m.Headers = nil
+				unreadable(func(r *deadletter.Raw) { r.HeadersText = hdr })
+			}
+		}
+		if created.err != nil {
+			unreadable(func(r *deadletter.Raw) { r.CreatedAt = created.text })
 		}
 		out = append(out, e)
 	}

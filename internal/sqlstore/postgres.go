@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/google/uuid"
-
 	"github.com/txoutbox/outbox"
 )
 
@@ -119,29 +117,19 @@ func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Cla
 }
 
 // ScanClaimed reads claimed rows (seq, id, type, key, headers, content_type, body,
-// created_at, attempts) and returns them in outbox order.
+// created_at, attempts; created_at as a time or as text) and returns them in outbox order.
+// A row that cannot be read into a valid message does not fail the others: it comes back
+// with Claimed.Err naming the column and the problem, for the relay to dead-letter alone.
 func ScanClaimed(rows Rows) ([]outbox.Claimed, error) {
 	defer rows.Close()
 	var out []outbox.Claimed
 	for rows.Next() {
-		var (
-			c       outbox.Claimed
-			id, hdr string
-		)
-		m := &c.Message
-		if err := rows.Scan(&c.Seq, &id, &m.Type, &m.Key, &hdr, &m.ContentType, &m.Body, &m.CreatedAt, &c.Attempts); err != nil {
+		var r outboxRow
+		if err := rows.Scan(r.dest()...); err != nil {
 			return nil, err
 		}
-		var err error
-		if m.ID, err = uuid.Parse(id); err != nil { // parses the string in place: no copy to []byte
-			return nil, fmt.Errorf("outbox row %d has an invalid id %q: %w", c.Seq, id, err)
-		}
-		if hdr != "" {
-			if err := json.Unmarshal([]byte(hdr), &m.Headers); err != nil {
-				return nil, fmt.Errorf("outbox row %d has invalid headers: %w", c.Seq, err)
-			}
-		}
-		m.CreatedAt = m.CreatedAt.UTC()
+		c := outbox.Claimed{Seq: r.seq, Attempts: r.attempts}
+		c.Message, c.Err = r.message()
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
@@ -156,16 +144,7 @@ func (s *pgStore) Complete(ctx context.Context, token int64, seqs []int64) error
 }
 
 func (s *pgStore) Retry(ctx context.Context, token int64, retries []outbox.Retry) error {
-	type row struct {
-		Seq     int64  `json:"seq"`
-		DelayMS int64  `json:"delay_ms"`
-		Error   string `json:"error"`
-	}
-	rs := make([]row, len(retries))
-	for i, r := range retries {
-		rs[i] = row{r.Seq, r.Delay.Milliseconds(), r.Error}
-	}
-	js, _ := json.Marshal(rs)
+	js := jsonRetries(retries, pgLimits)
 	return s.db.Exec(ctx, s.fence()+`
 UPDATE `+s.n.Outbox+` AS o
    SET available_at = now() + r.delay_ms * interval '1 millisecond',
@@ -176,28 +155,32 @@ UPDATE `+s.n.Outbox+` AS o
  WHERE o.seq = r.seq AND o.claim_token = $1 AND EXISTS (SELECT FROM fence)`, token, string(js))
 }
 
+// DeadLetter moves the rows to the dead-letter table in one transaction: the delete returns
+// them, and they are inserted made storable (see dlWriter.moveDeadLetters).
 func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) error {
-	type row struct {
-		Seq    int64  `json:"seq"`
-		Reason string `json:"reason"`
+	if len(dead) == 0 {
+		return nil
 	}
-	rs := make([]row, len(dead))
+	return pgDeadLetterWriter(s.n).moveDeadLetters(ctx, s.db, dead, func(ctx context.Context, q Querier) ([]failedRow, error) {
+		rows, err := q.Query(ctx, s.fence()+`
+DELETE FROM `+s.n.Outbox+` AS o
+ WHERE o.claim_token = $1 AND o.seq = ANY (string_to_array($2, ',')::bigint[]) AND EXISTS (SELECT FROM fence)
+RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type, o.body,
+          o.created_at, o.attempts, coalesce(o.first_failed_at, now()), now()`, token, deadSeqs(dead))
+		if err != nil {
+			return nil, err
+		}
+		return scanFailed(rows)
+	})
+}
+
+// deadSeqs renders the seqs of dead as JoinSeqs does.
+func deadSeqs(dead []outbox.DeadLetter) string {
+	seqs := make([]int64, len(dead))
 	for i, d := range dead {
-		rs[i] = row{d.Seq, d.Reason}
+		seqs[i] = d.Seq
 	}
-	js, _ := json.Marshal(rs)
-	return s.db.Exec(ctx, s.fence()+`,
-moved AS (
-    DELETE FROM `+s.n.Outbox+` AS o
-     USING jsonb_to_recordset($2::jsonb) AS r(seq bigint, reason text)
-     WHERE o.seq = r.seq AND o.claim_token = $1 AND EXISTS (SELECT FROM fence)
-    RETURNING o.id, o.type, o.key, o.headers, o.content_type, o.body, o.created_at,
-              o.attempts, o.first_failed_at, r.reason)
-INSERT INTO `+s.n.DeadLetters+` (event_id, event_type, event_key, headers, content_type, body,
-    created_at, stage, reason, attempts, first_failed_at, last_failed_at)
-SELECT id, type, key, headers, content_type, body, created_at, 'relay', reason, attempts,
-       coalesce(first_failed_at, now()), now()
-  FROM moved`, token, string(js))
+	return JoinSeqs(seqs)
 }
 
 func (s *pgStore) Release(ctx context.Context, token int64, seqs []int64) error {

@@ -65,14 +65,16 @@ func (sqliteDialect) Insert(ctx context.Context, q Querier, n *Names, msgs []out
 }
 
 func (sqliteDialect) Store(db DB, n *Names) outbox.Store {
-	return &leaseStore{
+	s := &leaseStore{
 		db:    db,
 		n:     n,
 		claim: sqliteClaim,
 		now:   sqliteNow,
 		key:   `"key"`,
-		retry: func(token int64, rs []outbox.Retry) (string, []any) {
-			return `UPDATE ` + n.Outbox + ` AS o
+		dl:    sqliteConsumer.writer(n),
+	}
+	s.retry = func(token int64, rs []outbox.Retry) (string, []any) {
+		return `UPDATE ` + n.Outbox + ` AS o
    SET available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', r.delay_ms / 1000.0)),
        last_error = r.msg,
        first_failed_at = COALESCE(o.first_failed_at, ` + sqliteNow + `),
@@ -81,16 +83,18 @@ func (sqliteDialect) Store(db DB, n *Names) outbox.Store {
                json_extract(value, '$.delay_ms') AS delay_ms,
                json_extract(value, '$.error') AS msg
           FROM json_each(?)) AS r
- WHERE o.seq = r.seq AND o.claim_token = ?`, []any{jsonRetries(rs), token}
-		},
-		markDead: func(token int64, ds []outbox.DeadLetter) (string, []any) {
-			return `UPDATE ` + n.Outbox + ` AS o
-   SET last_error = r.reason
-  FROM (SELECT json_extract(value, '$.seq') AS seq, json_extract(value, '$.reason') AS reason
-          FROM json_each(?)) AS r
- WHERE o.seq = r.seq AND o.claim_token = ?`, []any{jsonDeadLetters(ds), token}
-		},
+ WHERE o.seq = r.seq AND o.claim_token = ?`, []any{jsonRetries(rs, sqliteLimits), token}
 	}
+	// DELETE ... RETURNING takes the write lock first, so the rows read are the rows deleted.
+	s.take = func(ctx context.Context, q Querier, token int64, seqs string) ([]failedRow, error) {
+		rows, err := q.Query(ctx, "DELETE FROM "+n.Outbox+" WHERE claim_token = ? AND "+inJoined(seqs)+
+			" RETURNING "+s.failedColumns("COALESCE(headers, '')"), token)
+		if err != nil {
+			return nil, err
+		}
+		return scanFailed(rows)
+	}
+	return s
 }
 
 // sqliteClaim is PostgreSQL's claim function as one statement (see [SQLite] for why one
@@ -118,9 +122,10 @@ RETURNING seq, id, type, "key", COALESCE(headers, ''), content_type, body, creat
 	return ScanClaimed(textTimeRows{rows})
 }
 
-// jsonRetries and jsonDeadLetters encode write-backs for dialects that read per-row values
-// from one JSON argument (SQLite's json_each).
-func jsonRetries(rs []outbox.Retry) string {
+// jsonRetries encodes a Retry write-back for dialects that read per-row values from one
+// JSON argument (PostgreSQL's jsonb_to_recordset, SQLite's json_each), each error made
+// storable under lim (a broker's error text may hold anything).
+func jsonRetries(rs []outbox.Retry, lim textLimits) string {
 	type row struct {
 		Seq     int64  `json:"seq"`
 		DelayMS int64  `json:"delay_ms"`
@@ -128,21 +133,9 @@ func jsonRetries(rs []outbox.Retry) string {
 	}
 	out := make([]row, len(rs))
 	for i, r := range rs {
-		out[i] = row{r.Seq, r.Delay.Milliseconds(), r.Error}
+		msg, _ := cleanText(r.Error, 0, lim.bytes)
+		out[i] = row{r.Seq, r.Delay.Milliseconds(), msg}
 	}
 	js, _ := json.Marshal(out) // strings and integers always encode
-	return string(js)
-}
-
-func jsonDeadLetters(ds []outbox.DeadLetter) string {
-	type row struct {
-		Seq    int64  `json:"seq"`
-		Reason string `json:"reason"`
-	}
-	out := make([]row, len(ds))
-	for i, d := range ds {
-		out[i] = row{d.Seq, d.Reason}
-	}
-	js, _ := json.Marshal(out)
 	return string(js)
 }

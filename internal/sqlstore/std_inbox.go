@@ -19,6 +19,8 @@ type stdConsumer struct {
 	now, headers string
 	// failTime binds a failure or filter time the way the dialect stores the clock's.
 	failTime func(time.Time) any
+	// contains is the condition "reason contains ?" (case-sensitive).
+	contains string
 	// ago is the database clock minus d, for pruning.
 	ago func(d time.Duration) (expr string, arg any)
 }
@@ -29,6 +31,7 @@ var (
 		now:      mysqlNow,
 		headers:  "COALESCE(CAST(headers AS CHAR), '')",
 		failTime: func(t time.Time) any { return t.UTC() },
+		contains: "LOCATE(?, reason) > 0", // the table's utf8mb4_bin collation compares bytes
 		ago: func(d time.Duration) (string, any) {
 			return mysqlNow + " - INTERVAL ? MICROSECOND", d.Microseconds()
 		},
@@ -38,6 +41,7 @@ var (
 		now:      sqliteNow,
 		headers:  "COALESCE(headers, '')",
 		failTime: func(t time.Time) any { return t.UTC().Format(sqliteClockTime) },
+		contains: "instr(reason, ?) > 0",
 		ago: func(d time.Duration) (string, any) {
 			return "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", fmt.Sprintf("%+.3f seconds", -d.Seconds())
 		},

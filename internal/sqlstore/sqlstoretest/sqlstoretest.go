@@ -141,9 +141,9 @@ func (tg *Target) Pending(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// DeadLetters reads the dead-letter table.
+// DeadLetters reads the dead-letter table (uuid.Nil for an entry without an event ID).
 func (tg *Target) DeadLetters(ctx context.Context) ([]outboxtest.DeadLetterRow, error) {
-	rows, err := tg.DB.QueryContext(ctx, "SELECT event_id, stage, reason, attempts FROM "+tg.names.DeadLetters+" ORDER BY id")
+	rows, err := tg.DB.QueryContext(ctx, "SELECT COALESCE(CAST(event_id AS CHAR(36)), ''), stage, reason, attempts FROM "+tg.names.DeadLetters+" ORDER BY id")
 	if err != nil {
 		return nil, err
 	}
@@ -157,8 +157,10 @@ func (tg *Target) DeadLetters(ctx context.Context) ([]outboxtest.DeadLetterRow, 
 		if err := rows.Scan(&id, &r.Stage, &r.Reason, &r.Attempts); err != nil {
 			return nil, err
 		}
-		if r.EventID, err = uuid.Parse(id); err != nil {
-			return nil, err
+		if id != "" {
+			if r.EventID, err = uuid.Parse(id); err != nil {
+				return nil, err
+			}
 		}
 		out = append(out, r)
 	}
@@ -239,14 +241,31 @@ func (tg *Target) AgeInbox(ctx context.Context, d time.Duration) error {
 }
 
 // Fixture is the conformance suite's fixture over store, with publish writing through the
-// adapter under test.
+// adapter under test. The adapter's test sets PublishNilTx.
 func (tg *Target) Fixture(store outbox.Store, publish func(ctx context.Context, commit bool, events ...outbox.Encodable) error) *outboxtest.StoreFixture {
+	d, _ := sqlstore.Lookup(tg.Dialect)
+	cd, _ := sqlstore.Consumer(d)
 	return &outboxtest.StoreFixture{
-		Store:       store,
-		Publish:     publish,
-		Pending:     tg.Pending,
-		DeadLetters: tg.DeadLetters,
-		SingleRelay: tg.Dialect == "sqlite",
+		Store:           store,
+		Publish:         publish,
+		Pending:         tg.Pending,
+		DeadLetters:     tg.DeadLetters,
+		SingleRelay:     tg.Dialect == "sqlite",
+		DeadLetterTable: cd.DeadLetters(sqlstore.StdDB(tg.DB), tg.names),
+		SQL:             tg.RawSQL(),
+	}
+}
+
+// RawSQL reaches the outbox's tables with raw SQL, for the suites' poison tests.
+func (tg *Target) RawSQL() *outboxtest.RawSQL {
+	return &outboxtest.RawSQL{
+		Dialect: tg.Dialect,
+		Exec: func(ctx context.Context, query string) error {
+			_, err := tg.DB.ExecContext(ctx, query)
+			return err
+		},
+		Outbox:      tg.names.Outbox,
+		DeadLetters: tg.names.DeadLetters,
 	}
 }
 
