@@ -14,8 +14,8 @@ import (
 // of an outbox row the relay could not read. Fields that were not known are empty.
 //
 // The table's raw column holds it in the text format of [Raw.MarshalText], which a person
-// can read with plain SQL (convert_from(raw, 'UTF8') on PostgreSQL, CAST(raw AS CHAR) on
-// MySQL, CAST(raw AS TEXT) on SQLite):
+// can read with plain SQL (encode(raw, 'escape') on PostgreSQL, CAST(raw AS CHAR) on MySQL,
+// CAST(raw AS TEXT) on SQLite):
 //
 //	txoutbox-raw/1
 //	type: "orders.placed\x00"
