@@ -1,0 +1,3 @@
+module github.com/txoutbox/outbox/docs
+
+go 1.26.0
