@@ -226,39 +226,35 @@ func TestPublishOutsideTransaction(t *testing.T) {
 	}
 }
 
-// TestMigrateTx: on PostgreSQL and SQLite the outbox's tables come and go with the caller's
-// transaction; on MySQL MigrateTx refuses.
-func TestMigrateTx(t *testing.T) {
-	for _, i := range []int{0, 2, 3} {
-		s := setups[i]
+// TestMigrate runs the migration suite on every setup, through the package-level functions
+// where the outbox has the default names (SQLite).
+func TestMigrate(t *testing.T) {
+	for _, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			tg := sqlstoretest.New(t, s.dialect, s.open)
-			db := bun.NewDB(tg.DB, s.bun())
-			o, err := outboxbun.New(tg.Tables)
-			if err != nil {
-				t.Fatal(err)
-			}
-			errRollback := errors.New("roll back")
-			err = db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-				if err := o.MigrateTx(ctx, tx); err != nil {
-					return err
+			outboxtest.ExerciseMigrate(t, func(t *testing.T) *outboxtest.MigrateFixture[bun.Tx] {
+				tg := sqlstoretest.New(t, s.dialect, s.open)
+				db := bun.NewDB(tg.DB, s.bun())
+				o, err := outboxbun.New(tg.Tables)
+				if err != nil {
+					t.Fatal(err)
 				}
-				return errRollback
+				f := &outboxtest.MigrateFixture[bun.Tx]{
+					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, db) },
+					MigrateTx: o.MigrateTx,
+					InTx: func(ctx context.Context, fn func(bun.Tx) error) error {
+						return db.RunInTx(ctx, nil, func(_ context.Context, tx bun.Tx) error { return fn(tx) })
+					},
+					Migrated:   tg.Migrated,
+					Versions:   tg.Versions(),
+					DDLCommits: s.dialect == "mysql",
+				}
+				if tg.DefaultNames() {
+					f.Migrate = func(ctx context.Context) error { return outboxbun.Migrate(ctx, db) }
+					f.MigrateTx = outboxbun.MigrateTx
+				}
+				return f
 			})
-			if s.dialect == "mysql" {
-				if err == nil || errors.Is(err, errRollback) {
-					t.Fatalf("MigrateTx on MySQL: %v, want a refusal", err)
-				}
-				return
-			}
-			if !errors.Is(err, errRollback) {
-				t.Fatal(err)
-			}
-			if _, err := tg.Pending(ctx); err == nil {
-				t.Fatal("the outbox exists after MigrateTx's transaction rolled back")
-			}
 		})
 	}
 }

@@ -213,41 +213,38 @@ func TestPublishOutsideTransaction(t *testing.T) {
 	}
 }
 
-// TestMigrateTx: on PostgreSQL the outbox's tables come and go with the caller's
-// transaction; on MySQL MigrateTx refuses.
-func TestMigrateTx(t *testing.T) {
-	for _, i := range []int{0, 2, 3} {
-		s := setups[i]
+// TestMigrate runs the migration suite on every setup, through the package-level functions
+// where the outbox has the default names (SQLite).
+func TestMigrate(t *testing.T) {
+	for _, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
-			tg := sqlstoretest.New(t, s.dialect, s.open)
-			db, err := gorm.Open(s.gorm(tg.DB), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			o, err := outboxgorm.New(tg.Tables)
-			if err != nil {
-				t.Fatal(err)
-			}
-			errRollback := errors.New("roll back")
-			err = db.Transaction(func(tx *gorm.DB) error {
-				if err := o.MigrateTx(tx); err != nil {
-					return err
+			outboxtest.ExerciseMigrate(t, func(t *testing.T) *outboxtest.MigrateFixture[*gorm.DB] {
+				tg := sqlstoretest.New(t, s.dialect, s.open)
+				db, err := gorm.Open(s.gorm(tg.DB), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+				if err != nil {
+					t.Fatal(err)
 				}
-				return errRollback
+				o, err := outboxgorm.New(tg.Tables)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f := &outboxtest.MigrateFixture[*gorm.DB]{
+					Migrate:   func(ctx context.Context) error { return o.Migrate(db.WithContext(ctx)) },
+					MigrateTx: func(ctx context.Context, tx *gorm.DB) error { return o.MigrateTx(tx.WithContext(ctx)) },
+					InTx: func(ctx context.Context, fn func(*gorm.DB) error) error {
+						return db.WithContext(ctx).Transaction(fn)
+					},
+					Migrated:   tg.Migrated,
+					Versions:   tg.Versions(),
+					DDLCommits: s.dialect == "mysql",
+				}
+				if tg.DefaultNames() {
+					f.Migrate = func(ctx context.Context) error { return outboxgorm.Migrate(db.WithContext(ctx)) }
+					f.MigrateTx = func(ctx context.Context, tx *gorm.DB) error { return outboxgorm.MigrateTx(tx.WithContext(ctx)) }
+				}
+				return f
 			})
-			if s.dialect == "mysql" {
-				if err == nil || errors.Is(err, errRollback) {
-					t.Fatalf("MigrateTx on MySQL: %v, want a refusal", err)
-				}
-				return
-			}
-			if !errors.Is(err, errRollback) {
-				t.Fatal(err)
-			}
-			if _, err := tg.Pending(context.Background()); err == nil {
-				t.Fatal("the outbox exists after MigrateTx's transaction rolled back")
-			}
 		})
 	}
 }

@@ -207,64 +207,41 @@ func rebind(dialect, query string) string {
 	return b.String()
 }
 
-func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+// TestMigrate runs the migration suite on every dialect, through the package-level
+// functions where the outbox has the default names (SQLite).
+func TestMigrate(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			o := newTestOutbox(t, d.name, d.dialect, d.driver)
-			errs := make(chan error, 3)
-			for range 3 {
-				go func() { errs <- o.Migrate(ctx, o.DB) }()
-			}
-			for range 3 {
-				if err := <-errs; err != nil {
-					t.Error(err)
+			outboxtest.ExerciseMigrate(t, func(t *testing.T) *outboxtest.MigrateFixture[*sql.Tx] {
+				tg := sqlstoretest.New(t, d.name, func(dsn string) (*sql.DB, error) { return sql.Open(d.driver, dsn) })
+				o, err := outboxsql.New(d.dialect, tg.Tables)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			var versions int
-			if err := o.DB.QueryRowContext(ctx, "SELECT count(*) FROM "+o.MigrationsTable()).Scan(&versions); err != nil {
-				t.Fatal(err)
-			}
-			d, _ := sqlstore.Lookup(d.name)
-			if want := len(d.Migrations()); versions != want {
-				t.Fatalf("%d migrations recorded, want %d", versions, want)
-			}
-		})
-	}
-}
-
-func TestMigrateTx(t *testing.T) {
-	ctx := context.Background()
-	for _, d := range dialects {
-		t.Run(d.name, func(t *testing.T) {
-			t.Parallel()
-			tg := sqlstoretest.New(t, d.name, func(dsn string) (*sql.DB, error) { return sql.Open(d.driver, dsn) })
-			o, err := outboxsql.New(d.dialect, tg.Tables)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tx, err := tg.DB.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback()
-			err = o.MigrateTx(ctx, tx)
-			if d.name == "mysql" {
-				if err == nil || !strings.Contains(err.Error(), "use Migrate") {
-					t.Fatalf("MigrateTx on MySQL: %v, want a refusal", err)
+				f := &outboxtest.MigrateFixture[*sql.Tx]{
+					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, tg.DB) },
+					MigrateTx: func(ctx context.Context, tx *sql.Tx) error { return o.MigrateTx(ctx, tx) },
+					InTx: func(ctx context.Context, fn func(*sql.Tx) error) error {
+						tx, err := tg.DB.BeginTx(ctx, nil)
+						if err != nil {
+							return err
+						}
+						if err := fn(tx); err != nil {
+							return errors.Join(err, tx.Rollback())
+						}
+						return tx.Commit()
+					},
+					Migrated:   tg.Migrated,
+					Versions:   tg.Versions(),
+					DDLCommits: d.name == "mysql",
 				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Rollback(); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tg.Pending(ctx); err == nil {
-				t.Fatal("the outbox exists after MigrateTx's transaction rolled back")
-			}
+				if tg.DefaultNames() {
+					f.Migrate = func(ctx context.Context) error { return outboxsql.Migrate(ctx, d.dialect, tg.DB) }
+					f.MigrateTx = func(ctx context.Context, tx *sql.Tx) error { return outboxsql.MigrateTx(ctx, d.dialect, tx) }
+				}
+				return f
+			})
 		})
 	}
 }

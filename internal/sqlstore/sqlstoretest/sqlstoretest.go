@@ -167,6 +167,21 @@ func (tg *Target) DeadLetters(ctx context.Context) ([]outboxtest.DeadLetterRow, 
 	return out, rows.Err()
 }
 
+// Migrated reports whether the outbox table exists, and how many migrations are recorded.
+func (tg *Target) Migrated(ctx context.Context) (exists bool, versions int, err error) {
+	if _, err := tg.Pending(ctx); err != nil {
+		return false, 0, nil
+	}
+	err = tg.DB.QueryRowContext(ctx, "SELECT count(*) FROM "+tg.names.Migrations).Scan(&versions)
+	return true, versions, err
+}
+
+// Versions is how many migrations the dialect has.
+func (tg *Target) Versions() int {
+	d, _ := sqlstore.Lookup(tg.Dialect)
+	return len(d.Migrations())
+}
+
 // DefaultNames reports whether the outbox has the default table names (SQLite, whose
 // database is a file of the test's own), so the adapters' package-level functions reach it.
 func (tg *Target) DefaultNames() bool { return tg.Tables == outbox.Tables{} }
