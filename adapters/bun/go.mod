@@ -6,9 +6,9 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/txoutbox/outbox v0.0.0
-	github.com/txoutbox/outbox/adapters/pgx v0.0.0
-	github.com/txoutbox/outbox/adapters/sql v0.0.0
+	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/pgx v0.1.0
+	github.com/txoutbox/outbox/adapters/sql v0.1.0
 	github.com/uptrace/bun v1.3.0
 	github.com/uptrace/bun/dialect/mysqldialect v1.3.0
 	github.com/uptrace/bun/dialect/pgdialect v1.3.0
@@ -50,9 +50,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-replace github.com/txoutbox/outbox => ../..
-
-replace github.com/txoutbox/outbox/adapters/sql => ../sql
-
-replace github.com/txoutbox/outbox/adapters/pgx => ../pgx

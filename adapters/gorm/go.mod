@@ -6,8 +6,8 @@ require (
 	github.com/glebarez/sqlite v1.11.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/txoutbox/outbox v0.0.0
-	github.com/txoutbox/outbox/adapters/sql v0.0.0
+	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/sql v0.1.0
 	github.com/uptrace/bun/driver/pgdriver v1.2.18
 	go.uber.org/goleak v1.3.0
 	gorm.io/driver/mysql v1.6.0
@@ -51,7 +51,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.61.1 // indirect
 )
-
-replace github.com/txoutbox/outbox => ../..
-
-replace github.com/txoutbox/outbox/adapters/sql => ../sql

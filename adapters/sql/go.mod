@@ -6,7 +6,7 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/txoutbox/outbox v0.0.0
+	github.com/txoutbox/outbox v0.1.0
 	go.uber.org/goleak v1.3.0
 	modernc.org/sqlite v1.61.1
 )
@@ -35,5 +35,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-replace github.com/txoutbox/outbox => ../..

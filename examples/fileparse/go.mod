@@ -6,9 +6,9 @@ require (
 	github.com/Azure/azure-sdk-for-go/sdk/storage/azqueue/v2 v2.1.1
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/txoutbox/outbox v0.0.0
-	github.com/txoutbox/outbox/adapters/gorm v0.0.0
-	github.com/txoutbox/outbox/transports/azqueue v0.0.0
+	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/gorm v0.1.0
+	github.com/txoutbox/outbox/transports/azqueue v0.1.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/gorm v1.31.2
 )
@@ -33,12 +33,4 @@ require (
 	golang.org/x/net v0.58.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-)
-
-replace (
-	github.com/txoutbox/outbox => ../..
-	github.com/txoutbox/outbox/adapters/gorm => ../../adapters/gorm
-	github.com/txoutbox/outbox/adapters/pgx => ../../adapters/pgx
-	github.com/txoutbox/outbox/adapters/sql => ../../adapters/sql
-	github.com/txoutbox/outbox/transports/azqueue => ../../transports/azqueue
 )

@@ -7,9 +7,9 @@ require (
 	github.com/twmb/franz-go v1.22.2
 	github.com/twmb/franz-go/pkg/kadm v1.19.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
-	github.com/txoutbox/outbox v0.0.0
-	github.com/txoutbox/outbox/adapters/sql v0.0.0
-	github.com/txoutbox/outbox/transports/kafka v0.0.0
+	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/sql v0.1.0
+	github.com/txoutbox/outbox/transports/kafka v0.1.0
 	modernc.org/sqlite v1.61.1
 )
 
@@ -39,11 +39,4 @@ require (
 	modernc.org/libc v1.79.0 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
-)
-
-replace (
-	github.com/txoutbox/outbox => ../..
-	github.com/txoutbox/outbox/adapters/pgx => ../../adapters/pgx
-	github.com/txoutbox/outbox/adapters/sql => ../../adapters/sql
-	github.com/txoutbox/outbox/transports/kafka => ../../transports/kafka
 )

@@ -6,9 +6,9 @@ require (
 	github.com/aws/aws-sdk-go-v2 v1.47.7
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.52.10
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/txoutbox/outbox v0.0.0
-	github.com/txoutbox/outbox/adapters/sql v0.0.0
-	github.com/txoutbox/outbox/transports/sqs v0.0.0
+	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/sql v0.1.0
+	github.com/txoutbox/outbox/transports/sqs v0.1.0
 )
 
 require (
@@ -29,11 +29,4 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-)
-
-replace (
-	github.com/txoutbox/outbox => ../..
-	github.com/txoutbox/outbox/adapters/pgx => ../../adapters/pgx
-	github.com/txoutbox/outbox/adapters/sql => ../../adapters/sql
-	github.com/txoutbox/outbox/transports/sqs => ../../transports/sqs
 )

@@ -96,12 +96,15 @@ func prelude(before []string) string {
 	return strings.TrimPrefix(strings.TrimSpace(text), "<!-- go:")
 }
 
+// Whole reports whether the snippet is a whole file: it starts with "package".
+func (s Snippet) Whole() bool { return strings.HasPrefix(strings.TrimSpace(s.Code), "package ") }
+
 // Program returns the snippet as the source of a package main: the block itself if it is a
 // whole file (it starts with "package"); otherwise the prelude and the block — as they are
 // if they are declarations, inside a function if they are statements — with the imports
 // of imports (package name → path) that they use, and an empty main if they have none.
 func (s Snippet) Program(imports map[string]string) (string, error) {
-	if strings.HasPrefix(strings.TrimSpace(s.Code), "package ") {
+	if s.Whole() {
 		return s.Code, nil
 	}
 	body := s.Prelude + "\n" + s.Code

@@ -8,8 +8,8 @@ require (
 	github.com/twmb/franz-go/pkg/kadm v1.19.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/twmb/franz-go/pkg/kmsg v1.15.0
-	github.com/txoutbox/outbox v0.0.0
-	github.com/txoutbox/outbox/adapters/pgx v0.0.0
+	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/pgx v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -30,9 +30,4 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-)
-
-replace (
-	github.com/txoutbox/outbox => ../..
-	github.com/txoutbox/outbox/adapters/pgx => ../../adapters/pgx
 )

@@ -5,8 +5,8 @@ go 1.26.0
 require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
-	github.com/txoutbox/outbox v0.0.0
-	github.com/txoutbox/outbox/adapters/pgx v0.0.0
+	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/pgx v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -30,9 +30,4 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
-)
-
-replace (
-	github.com/txoutbox/outbox => ../..
-	github.com/txoutbox/outbox/adapters/pgx => ../../adapters/pgx
 )

@@ -8,8 +8,8 @@ require (
 	github.com/aws/smithy-go v1.28.8
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/txoutbox/outbox v0.0.0
-	github.com/txoutbox/outbox/adapters/pgx v0.0.0
+	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/pgx v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -29,9 +29,4 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-)
-
-replace (
-	github.com/txoutbox/outbox => ../..
-	github.com/txoutbox/outbox/adapters/pgx => ../../adapters/pgx
 )
