@@ -3,7 +3,10 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
+
+	"github.com/txoutbox/outbox/internal/mediatype"
 )
 
 // Codec encodes payloads. The content type is stored with each event so a consumer picks the
@@ -27,15 +30,35 @@ var codecs sync.Map // content type → Codec
 
 func init() { RegisterCodec(JSON) }
 
-// RegisterCodec makes c available to [Decode] for messages of its content type.
-func RegisterCodec(c Codec) { codecs.Store(c.ContentType(), c) }
+// RegisterCodec makes c available to [Decode] for messages of its content type. Content
+// types are compared as media types: case and parameters do not matter, so a codec for
+// "application/json" also decodes "Application/JSON; charset=utf-8".
+func RegisterCodec(c Codec) {
+	ct := c.ContentType()
+	if mt := mediatype.Base(ct); mt != "" {
+		ct = mt
+	}
+	codecs.Store(ct, c)
+}
 
+// codecFor returns the codec of a message's content type: the one registered for its media
+// type, else, for a "+json" structured syntax suffix (application/vnd.acme.order+json), the
+// one registered for application/json. An empty content type means JSON.
 func codecFor(contentType string) (Codec, error) {
 	if contentType == "" {
 		return JSON, nil
 	}
-	if c, ok := codecs.Load(contentType); ok {
+	if c, ok := codecs.Load(contentType); ok { // the common case: exactly as registered
 		return c.(Codec), nil
+	}
+	mt := mediatype.Base(contentType)
+	if c, ok := codecs.Load(mt); ok && mt != "" {
+		return c.(Codec), nil
+	}
+	if strings.HasSuffix(mt, "+json") {
+		if c, ok := codecs.Load("application/json"); ok {
+			return c.(Codec), nil
+		}
 	}
 	return nil, fmt.Errorf("%w: %q", ErrUnknownContentType, contentType)
 }

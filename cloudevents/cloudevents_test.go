@@ -85,7 +85,10 @@ func TestMalformed(t *testing.T) {
 	for name, doc := range map[string]string{
 		"not json":   `nope`,
 		"no id":      `{"specversion":"1.0","type":"x","source":"s"}`,
-		"bad id":     `{"specversion":"1.0","id":"42","type":"x","source":"s"}`,
+		"empty id":   `{"specversion":"1.0","id":"","type":"x","source":"s"}`,
+		"bad time":   `{"specversion":"1.0","id":"1","type":"x","source":"s","time":"yesterday"}`,
+		"both data":  `{"specversion":"1.0","id":"1","type":"x","source":"s","data":1,"data_base64":"AA=="}`,
+		"batch":      `[{"specversion":"1.0","id":"1","type":"x","source":"s"}]`,
 		"no type":    `{"specversion":"1.0","id":"0191d1f0-0000-7000-8000-000000000000","source":"s"}`,
 		"old spec":   `{"specversion":"0.3","id":"0191d1f0-0000-7000-8000-000000000000","type":"x","source":"s"}`,
 		"bad base64": `{"specversion":"1.0","id":"0191d1f0-0000-7000-8000-000000000000","type":"x","source":"s","data_base64":"***"}`,

@@ -2,15 +2,21 @@ package outboxtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
+	outboxce "github.com/txoutbox/outbox/cloudevents"
 )
 
 // TransportFixture is one fresh, empty destination (queue, stream…) of the transport under
@@ -19,9 +25,21 @@ type TransportFixture struct {
 	Sender   outbox.Sender
 	Receiver outbox.Receiver
 	Features outbox.TransportFeatures
-	// SendRaw, when set, puts a body on the destination bypassing the wire format, to check
-	// that a malformed message reaches the consumer as an outbox.ErrMalformed delivery.
+	// SendRaw, when set, puts a body on the destination bypassing the wire format, with no
+	// headers or attributes, to check that a malformed message reaches the consumer as an
+	// *outbox.MalformedError that keeps it.
 	SendRaw func(ctx context.Context, body []byte) error
+	// SendForeign, when set, puts a message written by another CloudEvents producer on the
+	// destination as that producer would: Headers as the broker's headers or attributes,
+	// Body as the body. On a broker without headers it carries a structured-mode message
+	// (m.Structured()) as its body alone, encoded as the broker's CloudEvents binding says,
+	// and returns an error wrapping errors.ErrUnsupported for a message in binary mode.
+	SendForeign func(ctx context.Context, m ForeignMessage) error
+	// ReceiveForeign, when set, takes the next message off the destination as a consumer
+	// using only the broker's own SDK sees it, and deletes it: its headers or attributes,
+	// and its body decoded as the broker's binding says (Azure Queue's base64). The suite
+	// checks with it that CloudEvents readers other than ours read what the Sender wrote.
+	ReceiveForeign func(ctx context.Context) (ForeignMessage, error)
 	// Timeout bounds each wait for a message. Default 10s.
 	Timeout time.Duration
 }
@@ -215,17 +233,205 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 		if f.SendRaw == nil {
 			t.Skip("fixture has no SendRaw")
 		}
-		if err := f.SendRaw(context.Background(), []byte("this is not a CloudEvent")); err != nil {
-			t.Fatal(err)
+		// One destination, so one message at a time.
+		t.Run("NotACloudEvent", func(t *testing.T) {
+			body := []byte("this is not a CloudEvent")
+			if err := f.SendRaw(context.Background(), body); err != nil {
+				t.Fatal(err)
+			}
+			me := receiveMalformed(t, f)
+			if !bytes.Equal(me.Body, body) {
+				t.Errorf("MalformedError.Body %q, want the body as sent %q", me.Body, body)
+			}
+		})
+		// What could be read is kept: id, type, key.
+		wantPartial := func(t *testing.T, me *outbox.MalformedError) {
+			t.Helper()
+			p := me.Partial
+			if p.ID != derivedID("/shop/orders", "bad-1") || p.Type != "shop.order.created" || p.Key != "order-9" {
+				t.Errorf("MalformedError.Partial ID %s type %q key %q, want %s shop.order.created order-9",
+					p.ID, p.Type, p.Key, derivedID("/shop/orders", "bad-1"))
+			}
 		}
-		d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
-		if _, err := d.Message(); !errors.Is(err, outbox.ErrMalformed) {
-			t.Fatalf("Message() error = %v, want outbox.ErrMalformed", err)
+		t.Run("StructuredOldSpec", func(t *testing.T) {
+			doc := []byte(`{"specversion":"0.3","id":"bad-1","source":"/shop/orders","type":"shop.order.created","partitionkey":"order-9","data":{"order":9}}`)
+			if err := f.SendRaw(context.Background(), doc); err != nil {
+				t.Fatal(err)
+			}
+			me := receiveMalformed(t, f)
+			if !bytes.Equal(me.Body, doc) {
+				t.Errorf("MalformedError.Body %q, want the document as sent %q", me.Body, doc)
+			}
+			wantPartial(t, me)
+		})
+		t.Run("BinaryOldSpec", func(t *testing.T) {
+			if f.SendForeign == nil {
+				t.Skip("fixture has no SendForeign")
+			}
+			m := ForeignMessage{Name: "bad", Headers: map[string]string{
+				"ce-specversion": "0.3", "ce-id": "bad-1", "ce-source": "/shop/orders", "ce-type": "shop.order.created",
+				"ce-partitionkey": "order-9", "content-type": "application/json", "x-producer": "kept as is",
+			}, Body: []byte(`{"order":9}`)}
+			err := f.SendForeign(context.Background(), m)
+			if errors.Is(err, errors.ErrUnsupported) {
+				t.Skipf("the broker has no headers: %v", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			me := receiveMalformed(t, f)
+			if !bytes.Equal(me.Body, m.Body) {
+				t.Errorf("MalformedError.Body %q, want %q", me.Body, m.Body)
+			}
+			for k, v := range m.Headers {
+				if got, ok := me.Attributes[k]; !ok || got != v {
+					t.Errorf("MalformedError.Attributes[%q] = %q, want %q as sent (all: %v)", k, got, v, me.Attributes)
+				}
+			}
+			wantPartial(t, me)
+		})
+	})
+
+	// Items of the CloudEvents JavaScript SDK, as a foreign producer puts them on the
+	// broker: each must reach the consumer as the documented event (outboxce's package
+	// comment), and, written again by our Sender (forwarded, replayed), stay that event.
+	t.Run("ForeignEvents", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		if f.SendForeign == nil {
+			t.Skip("fixture has no SendForeign")
 		}
-		if err := d.Ack(context.Background()); err != nil {
-			t.Fatal(err)
+		resent := map[uuid.UUID]bool{}
+		for _, fm := range ForeignMessages() {
+			t.Run(fm.Name, func(t *testing.T) {
+				err := f.SendForeign(context.Background(), fm)
+				if errors.Is(err, errors.ErrUnsupported) {
+					t.Skipf("the broker cannot carry it: %v", err)
+				}
+				if err != nil {
+					t.Fatalf("SendForeign: %v", err)
+				}
+				m := receiveAcked(t, f)
+				if err := checkForeign(fm.Name, m); err != nil {
+					t.Fatal(err)
+				}
+				if f.Features.Dedup && resent[m.ID] {
+					return // the same event came in another mode: the broker drops it as a copy
+				}
+				resent[m.ID] = true
+				mustSend(t, f, m)
+				again := receiveAcked(t, f)
+				want := m
+				want.ContentType = cmp.Or(m.ContentType, outbox.JSON.ContentType()) // written, absent means JSON
+				if err := SameMessage(again, want); err != nil {
+					t.Fatalf("written again by our Sender: %v", err)
+				}
+				if !maps.Equal(again.Headers, m.Headers) {
+					t.Fatalf("written again by our Sender: headers %v, want %v", sortedMap(again.Headers), sortedMap(m.Headers))
+				}
+			})
 		}
 	})
+
+	// A JSON payload with characters some brokers cannot carry as they are (U+FFFF, U+FFFE)
+	// must still reach other CloudEvents readers as JSON under its JSON content type.
+	t.Run("ForeignReadersParseOurJSON", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		if f.ReceiveForeign == nil {
+			t.Skip("fixture has no ReceiveForeign")
+		}
+		m := testMessage("k", "{\"note\":\"a\uffffb\ufffe\",\"html\":\"<&>\",\"n\":1.50}")
+		mustSend(t, f, m)
+		ctx, cancel := context.WithTimeout(context.Background(), f.Timeout)
+		defer cancel()
+		raw, err := f.ReceiveForeign(ctx)
+		if err != nil {
+			t.Fatalf("ReceiveForeign: %v", err)
+		}
+		attrs, data, err := readPlainCloudEvent(raw)
+		if err != nil {
+			t.Fatalf("reading %q (headers %v) as a CloudEvent: %v", raw.Body, raw.Headers, err)
+		}
+		if attrs["specversion"] != "1.0" || attrs["id"] != m.ID.String() || attrs["type"] != m.Type {
+			t.Errorf("attributes %v, want specversion 1.0, id %s, type %s", attrs, m.ID, m.Type)
+		}
+		if ct := attrs["datacontenttype"]; !outboxce.IsJSON(ct) || !json.Valid(data) || !sameJSONValue(data, m.Body) {
+			t.Errorf("data %q under content type %q, want the JSON value %q", data, ct, m.Body)
+		}
+	})
+}
+
+// receiveAcked receives one delivery, acks it, and returns its message (failing the test
+// if it has none).
+func receiveAcked(t *testing.T, f *TransportFixture) outbox.Message {
+	t.Helper()
+	d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+	m, err := d.Message()
+	if ackErr := d.Ack(context.Background()); ackErr != nil {
+		t.Fatalf("Ack: %v", ackErr)
+	}
+	if err != nil {
+		t.Fatalf("Message(): %v", err)
+	}
+	return m
+}
+
+// receiveMalformed receives one delivery, acks it, and returns its *outbox.MalformedError,
+// which must name the broker's message.
+func receiveMalformed(t *testing.T, f *TransportFixture) *outbox.MalformedError {
+	t.Helper()
+	d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
+	_, err := d.Message()
+	if ackErr := d.Ack(context.Background()); ackErr != nil {
+		t.Fatalf("Ack: %v", ackErr)
+	}
+	var me *outbox.MalformedError
+	if !errors.As(err, &me) || !errors.Is(err, outbox.ErrMalformed) {
+		t.Fatalf("Message() error = %v, want an *outbox.MalformedError", err)
+	}
+	if me.BrokerMessageID == "" {
+		t.Errorf("MalformedError.BrokerMessageID is empty; it must name the broker's message")
+	}
+	return me
+}
+
+// readPlainCloudEvent reads m as a CloudEvents reader that knows nothing of txoutbox does:
+// structured mode when its content type says so or it has no "ce-" headers, binary mode
+// otherwise. It returns the attributes and the data.
+func readPlainCloudEvent(m ForeignMessage) (map[string]string, []byte, error) {
+	attrs := map[string]string{}
+	var ct string
+	for k, v := range m.Headers {
+		switch lk := strings.ToLower(k); {
+		case lk == "content-type":
+			ct = v
+		case strings.HasPrefix(lk, "ce-"):
+			attrs[lk[3:]] = v
+		}
+	}
+	if attrs["specversion"] != "" && !strings.HasPrefix(strings.ToLower(ct), outboxce.StructuredContentType) {
+		attrs["datacontenttype"] = ct
+		return attrs, m.Body, nil
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(m.Body, &doc); err != nil {
+		return nil, nil, fmt.Errorf("structured mode: %w", err)
+	}
+	attrs = map[string]string{}
+	for k, v := range doc {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			attrs[k] = s
+		}
+	}
+	return attrs, doc["data"], nil
+}
+
+// sameJSONValue reports whether a and b are the same JSON value.
+func sameJSONValue(a, b []byte) bool {
+	var va, vb any
+	return json.Unmarshal(a, &va) == nil && json.Unmarshal(b, &vb) == nil && reflect.DeepEqual(va, vb)
 }
 
 func mustSend(t *testing.T, f *TransportFixture, msgs ...outbox.Message) {

@@ -148,16 +148,21 @@ func xmlSafe(doc []byte) (string, error) {
 }
 
 // decode reads a queue message's text in either encoding. A CloudEvent document starts with
-// '{', which is not in the base64 alphabet, so the two cannot be confused. Errors wrap
-// outbox.ErrMalformed.
-func decode(text string) (outbox.Message, error) {
+// '{', which is not in the base64 alphabet, so the two cannot be confused. Its error is an
+// *outbox.MalformedError holding the service's message ID and the text as received.
+func decode(messageID, text string) (outbox.Message, error) {
 	s := strings.TrimLeft(text, " \t\r\n")
-	if strings.HasPrefix(s, "{") {
-		return outboxce.FromStructured([]byte(s))
+	doc := []byte(s)
+	if !strings.HasPrefix(s, "{") {
+		var err error
+		if doc, err = base64.StdEncoding.DecodeString(strings.TrimSpace(s)); err != nil {
+			err = fmt.Errorf("the text is neither a JSON CloudEvent nor base64 (%v)", err)
+			return outbox.Message{}, outboxce.Malformed(err, messageID, nil, []byte(text))
+		}
 	}
-	doc, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	m, err := outboxce.FromStructured(doc)
 	if err != nil {
-		return outbox.Message{}, fmt.Errorf("%w: the text is neither a JSON CloudEvent nor base64 (%v)", outbox.ErrMalformed, err)
+		return outbox.Message{}, outboxce.Malformed(err, messageID, nil, []byte(text))
 	}
-	return outboxce.FromStructured(doc)
+	return m, nil
 }

@@ -3,6 +3,7 @@ package outboxazqueue_test
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -115,9 +116,55 @@ func TestConformance(t *testing.T) {
 						_, err := q.EnqueueMessage(ctx, string(body), nil)
 						return err
 					},
+					// A producer on Azure Queue writes a structured-mode document, base64 or
+					// not as its SDK's encoding policy says: the same as this variant's sender.
+					SendForeign: func(ctx context.Context, m outboxtest.ForeignMessage) error {
+						if !m.Structured() {
+							return fmt.Errorf("Azure Queue messages have no headers for binary mode: %w", errors.ErrUnsupported)
+						}
+						text := string(m.Body)
+						if enc == outboxazqueue.Base64 {
+							text = base64.StdEncoding.EncodeToString(m.Body)
+						}
+						_, err := q.EnqueueMessage(ctx, text, nil)
+						return err
+					},
+					ReceiveForeign: func(ctx context.Context) (outboxtest.ForeignMessage, error) {
+						return receiveForeign(ctx, q, enc)
+					},
 				}
 			})
 		})
+	}
+}
+
+// receiveForeign takes the next message off q with the Azure SDK alone, decoding it as an
+// Azure Functions queue trigger with the variant's messageEncoding would, and deletes it.
+func receiveForeign(ctx context.Context, q *azqueue.QueueClient, enc outboxazqueue.Encoding) (outboxtest.ForeignMessage, error) {
+	for {
+		resp, err := q.DequeueMessage(ctx, nil)
+		if err != nil {
+			return outboxtest.ForeignMessage{}, err
+		}
+		if len(resp.Messages) == 0 {
+			select {
+			case <-ctx.Done():
+				return outboxtest.ForeignMessage{}, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		msg := resp.Messages[0]
+		if _, err := q.DeleteMessage(ctx, *msg.MessageID, *msg.PopReceipt, nil); err != nil {
+			return outboxtest.ForeignMessage{}, err
+		}
+		body := []byte(*msg.MessageText)
+		if enc == outboxazqueue.Base64 {
+			if body, err = base64.StdEncoding.DecodeString(*msg.MessageText); err != nil {
+				return outboxtest.ForeignMessage{}, err
+			}
+		}
+		return outboxtest.ForeignMessage{Body: body}, nil
 	}
 }
 

@@ -204,9 +204,10 @@ func (r *Receiver) delivery(m *azqueue.DequeuedMessage) *delivery {
 	if m.MessageText != nil {
 		d.text = *m.MessageText
 	}
-	d.msg, d.err = decode(d.text)
-	if d.err != nil {
-		d.err = fmt.Errorf("outboxazqueue: queue %q message %s: %w", r.queue, d.id, d.err)
+	d.msg, d.err = decode(d.id, d.text)
+	var me *outbox.MalformedError
+	if errors.As(d.err, &me) {
+		me.Err = fmt.Errorf("outboxazqueue: queue %q: %w", r.queue, me.Err)
 	}
 	return d
 }
@@ -240,8 +241,9 @@ type delivery struct {
 	acked   bool
 }
 
-// Message returns the decoded event, or an error wrapping outbox.ErrMalformed for a queue
-// message that is not a txoutbox CloudEvent (the delivery can still be acked).
+// Message returns the decoded event, or an *outbox.MalformedError for a queue message that
+// is not a CloudEvent, keeping the service's message ID and the text as received (the
+// delivery can still be acked).
 func (d *delivery) Message() (outbox.Message, error) { return d.msg, d.err }
 
 // Attempt is the message's DequeueCount: 1 on its first delivery.

@@ -2,8 +2,11 @@ package outboxnats_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox/outboxtest"
@@ -37,8 +40,39 @@ func TestConformance(t *testing.T) {
 						_, err := js.Publish(ctx, d.prefix+".raw", body)
 						return err
 					},
+					SendForeign: func(ctx context.Context, m outboxtest.ForeignMessage) error {
+						msg := &nats.Msg{Subject: d.prefix + ".foreign", Header: nats.Header{}, Data: m.Body}
+						for k, v := range m.Headers {
+							msg.Header[k] = []string{v} // as written: NATS header names are case-sensitive
+						}
+						_, err := js.PublishMsg(ctx, msg)
+						return err
+					},
+					ReceiveForeign: func(ctx context.Context) (outboxtest.ForeignMessage, error) {
+						return receiveForeign(ctx, d.consumer)
+					},
 				}
 			})
 		})
+	}
+}
+
+// receiveForeign takes the next message from c with the NATS client alone, and acks it.
+func receiveForeign(ctx context.Context, c jetstream.Consumer) (outboxtest.ForeignMessage, error) {
+	for {
+		batch, err := c.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return outboxtest.ForeignMessage{}, err
+		}
+		for msg := range batch.Messages() {
+			m := outboxtest.ForeignMessage{Headers: map[string]string{}, Body: msg.Data()}
+			for k, vs := range msg.Headers() {
+				m.Headers[k] = strings.Join(vs, ",")
+			}
+			return m, msg.DoubleAck(ctx)
+		}
+		if err := ctx.Err(); err != nil {
+			return outboxtest.ForeignMessage{}, err
+		}
 	}
 }

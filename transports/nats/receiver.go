@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
@@ -187,18 +188,35 @@ func (r *Receiver) newDelivery(msg jetstream.Msg) *delivery {
 		d.attempt = int(meta.NumDelivered)
 		d.stream, d.seq = meta.Stream, meta.Sequence.Stream
 	}
-	hs := msg.Headers()
-	attrs := make(map[string]string, len(hs))
-	for k, vs := range hs {
-		if len(vs) > 0 && (strings.HasPrefix(k, outboxce.HeaderPrefix) || strings.EqualFold(k, outboxce.ContentTypeHeader)) {
-			attrs[k] = vs[0]
-		}
-	}
-	d.m, d.err = outboxce.FromBinary(attrs, msg.Data())
-	if d.err != nil {
-		d.err = fmt.Errorf("outboxnats: %s on subject %s: %w", d.describe(), msg.Subject(), d.err)
+	d.m, d.err = decode(msg.Headers(), msg.Data(), fmt.Sprintf("%s/%d", d.stream, d.seq))
+	var me *outbox.MalformedError
+	if errors.As(d.err, &me) {
+		me.Err = fmt.Errorf("outboxnats: %s on subject %s: %w", d.describe(), msg.Subject(), me.Err)
 	}
 	return d
+}
+
+// decode rebuilds a message from a JetStream message's headers and data, in CloudEvents
+// binary mode with "ce-" headers in any case (NATS header names are case-sensitive, and
+// producers differ), or in structured mode. Its error is an *outbox.MalformedError holding
+// brokerID (the stream and sequence), every header as received (the values of a repeated
+// header joined by "\n", which no header value contains) and the data.
+func decode(hs nats.Header, data []byte, brokerID string) (outbox.Message, error) {
+	h := make(map[string]string, len(hs))
+	for k, vs := range hs {
+		if len(vs) > 0 {
+			h[k] = vs[0]
+		}
+	}
+	m, err := outboxce.FromBinary(h, data)
+	if err != nil {
+		raw := make(map[string]string, len(hs))
+		for k, vs := range hs {
+			raw[k] = strings.Join(vs, "\n")
+		}
+		return outbox.Message{}, outboxce.Malformed(err, brokerID, raw, data)
+	}
+	return m, nil
 }
 
 // delivery is one message pulled from the consumer.
@@ -212,8 +230,9 @@ type delivery struct {
 	asyncAck bool
 }
 
-// Message returns the decoded event, or an error wrapping outbox.ErrMalformed for a
-// message that is not a txoutbox CloudEvent; such a delivery can still be acked.
+// Message returns the decoded event, or an *outbox.MalformedError for a message that is
+// not a CloudEvent, keeping its stream and sequence ("ORDERS/42"), headers and data; such a
+// delivery can still be acked.
 func (d *delivery) Message() (outbox.Message, error) { return d.m, d.err }
 
 // Attempt is the consumer's delivery count of this message, 1 on the first delivery.

@@ -2,11 +2,14 @@ package outboxsqs_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxsqs "github.com/txoutbox/outbox/transports/sqs"
@@ -27,20 +30,67 @@ func TestConformance(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// send puts a message on the queue as a producer using the SQS SDK alone does:
+				// on a FIFO queue in the group of its partitionkey, with its own dedup ID.
+				send := func(ctx context.Context, attrs map[string]string, body []byte) error {
+					in := &sqs.SendMessageInput{QueueUrl: &url, MessageBody: aws.String(string(body))}
+					for k, v := range attrs {
+						if in.MessageAttributes == nil {
+							in.MessageAttributes = map[string]types.MessageAttributeValue{}
+						}
+						in.MessageAttributes[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+					}
+					if fifo {
+						in.MessageGroupId, in.MessageDeduplicationId = aws.String("foreign"), aws.String(uuid.NewString())
+					}
+					_, err := c.SendMessage(ctx, in)
+					return err
+				}
 				return &outboxtest.TransportFixture{
 					Sender:   s,
 					Receiver: r,
 					Features: s.Features(),
 					SendRaw: func(ctx context.Context, body []byte) error {
-						in := &sqs.SendMessageInput{QueueUrl: &url, MessageBody: aws.String(string(body))}
-						if fifo {
-							in.MessageGroupId, in.MessageDeduplicationId = aws.String("raw"), aws.String("raw")
-						}
-						_, err := c.SendMessage(ctx, in)
-						return err
+						return send(ctx, nil, body)
+					},
+					SendForeign: func(ctx context.Context, m outboxtest.ForeignMessage) error {
+						return send(ctx, m.Headers, m.Body)
+					},
+					ReceiveForeign: func(ctx context.Context) (outboxtest.ForeignMessage, error) {
+						return receiveForeign(ctx, c, url)
 					},
 				}
 			})
 		})
+	}
+}
+
+// receiveForeign takes the next message off the queue with the SQS SDK alone, and deletes it.
+func receiveForeign(ctx context.Context, c *sqs.Client, url string) (outboxtest.ForeignMessage, error) {
+	for {
+		out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			QueueUrl: &url, MaxNumberOfMessages: 1, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"},
+		})
+		if err != nil {
+			return outboxtest.ForeignMessage{}, err
+		}
+		if len(out.Messages) == 0 {
+			if err := ctx.Err(); err != nil {
+				return outboxtest.ForeignMessage{}, err
+			}
+			continue
+		}
+		msg := out.Messages[0]
+		if _, err := c.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: &url, ReceiptHandle: msg.ReceiptHandle}); err != nil {
+			return outboxtest.ForeignMessage{}, err
+		}
+		m := outboxtest.ForeignMessage{Headers: map[string]string{}, Body: []byte(aws.ToString(msg.Body))}
+		for k, v := range msg.MessageAttributes {
+			if v.StringValue == nil {
+				return outboxtest.ForeignMessage{}, errors.New("attribute " + k + " is not a String")
+			}
+			m.Headers[k] = *v.StringValue
+		}
+		return m, nil
 	}
 }

@@ -55,8 +55,9 @@ const pollMargin = 500 * time.Millisecond
 
 // Receive long-polls the queue for up to n messages (SQS returns at most 10 per call) and
 // returns as soon as there is one, or none once WaitTime passes. It returns ctx's error once
-// ctx is done. A message that is not a txoutbox CloudEvent is still returned: its Message
-// method reports an error wrapping outbox.ErrMalformed, and it can be acked.
+// ctx is done. A message that is not a CloudEvent is still returned: its Message method
+// reports an *outbox.MalformedError keeping the SQS MessageId, every attribute and the body
+// as received, and it can be acked.
 //
 // When ctx has a deadline, the long poll is shortened to end half a second before it; with
 // less than 1.5s left, Receive polls once without waiting (on a queue without its own
@@ -104,8 +105,9 @@ func (r *Receiver) Receive(ctx context.Context, n int) ([]outbox.Delivery, error
 			d.attempt = n
 		}
 		d.msg, d.err = decode(m)
-		if d.err != nil {
-			d.err = fmt.Errorf("outboxsqs: SQS message %s in %s: %w", d.sqsID, r.q.name, d.err)
+		var me *outbox.MalformedError
+		if errors.As(d.err, &me) {
+			me.Err = fmt.Errorf("outboxsqs: queue %s: %w", r.q.name, me.Err)
 		}
 		ds = append(ds, d)
 	}

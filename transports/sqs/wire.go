@@ -43,6 +43,13 @@ var coreAttrs = map[string]bool{
 	txHeadersAttr:                          true,
 }
 
+// foldedAs names the message header an attribute becomes when it is folded into
+// txheaders: an extension its own name, the attributes kept in headers their header.
+var foldedAs = map[string]string{
+	outboxce.HeaderPrefix + "subject":    outboxce.SubjectHeader,
+	outboxce.HeaderPrefix + "dataschema": outboxce.DataSchemaHeader,
+}
+
 // firstExtensions keep their own attribute before any other header: W3C trace context,
 // which CloudEvents' distributed-tracing extension and other SDKs read.
 var firstExtensions = []string{outboxce.HeaderPrefix + "traceparent", outboxce.HeaderPrefix + "tracestate"}
@@ -80,6 +87,10 @@ func encode(m outbox.Message, source string) (wireMessage, error) {
 		w.body, h[bodyAttr] = emptyBody, bodyEmpty
 	case validText(string(m.Body)):
 		w.body = string(m.Body)
+	case outboxce.IsJSON(h[outboxce.ContentTypeHeader]) && utf8.Valid(m.Body) && json.Valid(m.Body):
+		// Characters SQS refuses (U+FFFE, U+FFFF) can only sit inside JSON strings, where
+		// an escape means the same: the body stays JSON that any reader parses.
+		w.body = escapeJSON(m.Body)
 	default:
 		w.body, h[bodyAttr] = base64.StdEncoding.EncodeToString(m.Body), bodyBase64
 	}
@@ -143,7 +154,11 @@ func foldHeaders(h map[string]string, slots int) error {
 		}
 	}
 	for _, name := range fold {
-		other[strings.TrimPrefix(name, outboxce.HeaderPrefix)] = h[name]
+		header, ok := foldedAs[name]
+		if !ok {
+			header = strings.TrimPrefix(name, outboxce.HeaderPrefix)
+		}
+		other[header] = h[name]
 		delete(h, name)
 	}
 	b, err := json.Marshal(other)
@@ -157,30 +172,76 @@ func foldHeaders(h map[string]string, slots int) error {
 	return nil
 }
 
-// decode rebuilds a message from what ReceiveMessage returned. Its errors wrap
-// outbox.ErrMalformed.
+// decode rebuilds a message from what ReceiveMessage returned. Its error is an
+// *outbox.MalformedError holding the message as SQS delivered it: its MessageId, every
+// attribute (String and Number values as text, Binary values as their bytes) and the body.
 func decode(msg types.Message) (outbox.Message, error) {
 	h := make(map[string]string, len(msg.MessageAttributes))
 	for name, v := range msg.MessageAttributes {
-		if v.StringValue != nil && strings.HasPrefix(deref(v.DataType), stringType) {
+		// Numbers too: another producer may send an integer extension as one.
+		if dt := deref(v.DataType); v.StringValue != nil && (strings.HasPrefix(dt, stringType) || strings.HasPrefix(dt, "Number")) {
 			h[name] = *v.StringValue
 		}
 	}
-	body := []byte(deref(msg.Body))
+	rawBody := []byte(deref(msg.Body))
+	body, bodyErr := rawBody, error(nil)
 	switch enc := h[bodyAttr]; enc {
 	case "":
 	case bodyEmpty:
 		body = nil
 	case bodyBase64:
-		b, err := base64.StdEncoding.DecodeString(string(body))
-		if err != nil {
-			return outbox.Message{}, fmt.Errorf("%w: attribute %s is %q but the body is not base64: %w", outbox.ErrMalformed, bodyAttr, enc, err)
+		if body, bodyErr = base64.StdEncoding.DecodeString(string(rawBody)); bodyErr != nil {
+			bodyErr = fmt.Errorf("attribute %s is %q but the body is not base64: %w", bodyAttr, enc, bodyErr)
 		}
-		body = b
 	default:
-		return outbox.Message{}, fmt.Errorf("%w: attribute %s has the unknown value %q", outbox.ErrMalformed, bodyAttr, enc)
+		bodyErr = fmt.Errorf("attribute %s has the unknown value %q", bodyAttr, enc)
 	}
-	return outboxce.FromBinary(h, body)
+	if bodyErr != nil {
+		// Keep what the attributes say, with the body as it came.
+		partial, err := outboxce.FromBinary(h, rawBody)
+		if err != nil {
+			partial = outboxce.Malformed(err, "", nil, nil).Partial
+		}
+		me := outboxce.Malformed(bodyErr, deref(msg.MessageId), rawAttributes(msg), rawBody)
+		me.Partial = partial
+		return outbox.Message{}, me
+	}
+	m, err := outboxce.FromBinary(h, body)
+	if err != nil {
+		return outbox.Message{}, outboxce.Malformed(err, deref(msg.MessageId), rawAttributes(msg), rawBody)
+	}
+	return m, nil
+}
+
+// rawAttributes returns every message attribute of msg as it arrived: String and Number
+// values as text, Binary values as their bytes.
+func rawAttributes(msg types.Message) map[string]string {
+	raw := make(map[string]string, len(msg.MessageAttributes))
+	for name, v := range msg.MessageAttributes {
+		switch {
+		case v.StringValue != nil:
+			raw[name] = *v.StringValue
+		case v.BinaryValue != nil:
+			raw[name] = string(v.BinaryValue)
+		}
+	}
+	return raw
+}
+
+// escapeJSON returns a valid UTF-8 JSON text with the characters SQS does not accept
+// written as \u escapes. Outside strings JSON has only white space SQS accepts, so every
+// such character is inside a string, where the escape means the same character.
+func escapeJSON(b []byte) string {
+	var out strings.Builder
+	out.Grow(len(b) + 16)
+	for _, r := range string(b) {
+		if validRune(r) {
+			out.WriteRune(r)
+			continue
+		}
+		fmt.Fprintf(&out, `\u%04x`, r)
+	}
+	return out.String()
 }
 
 // validText reports whether SQS accepts s in a body or attribute: UTF-8 of the XML 1.0
@@ -196,10 +257,21 @@ func validText(s string) bool {
 			continue
 		}
 		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && n == 1 || r >= 0xD800 && r < 0xE000 || r == 0xFFFE || r == 0xFFFF {
+		if r == utf8.RuneError && n == 1 || !validRune(r) {
 			return false
 		}
 		i += n
+	}
+	return true
+}
+
+// validRune reports whether r is an XML 1.0 character, which SQS accepts.
+func validRune(r rune) bool {
+	switch {
+	case r < 0x20:
+		return r == '\t' || r == '\n' || r == '\r'
+	case r >= 0xD800 && r < 0xE000, r == 0xFFFE, r == 0xFFFF, r > utf8.MaxRune:
+		return false
 	}
 	return true
 }
