@@ -51,8 +51,10 @@ var foldedAs = map[string]string{
 }
 
 // firstExtensions keep their own attribute before any other header: W3C trace context,
-// which CloudEvents' distributed-tracing extension and other SDKs read.
-var firstExtensions = []string{outboxce.HeaderPrefix + "traceparent", outboxce.HeaderPrefix + "tracestate"}
+// which CloudEvents' distributed-tracing extension and other SDKs read, then the optional
+// attributes of the spec.
+var firstExtensions = []string{outboxce.HeaderPrefix + "traceparent", outboxce.HeaderPrefix + "tracestate",
+	outboxce.HeaderPrefix + "subject", outboxce.HeaderPrefix + "dataschema"}
 
 // wireMessage is one message as SQS will see it.
 type wireMessage struct {

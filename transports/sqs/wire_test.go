@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
+	outboxce "github.com/txoutbox/outbox/cloudevents"
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
@@ -101,6 +102,23 @@ func TestEncodeFoldsHeadersIntoTenAttributes(t *testing.T) {
 		if _, ok := w.attrs[name]; ok {
 			t.Errorf("attribute %s should have been folded into %s", name, txHeadersAttr)
 		}
+	}
+}
+
+// TestEncodeFoldsSubject: subject and dataschema folded into txheaders for lack of room
+// come back as the headers they were, not as extensions.
+func TestEncodeFoldsSubject(t *testing.T) {
+	t.Parallel()
+	m := testMessage()
+	m.Headers = map[string]string{
+		outboxce.IDHeader: "order-42-created", outboxce.SourceHeader: "/shop/orders",
+		outboxce.SubjectHeader: "order-42", outboxce.DataSchemaHeader: "https://x/s.json",
+		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "a=b", "aaa": "1",
+	}
+	m.ID = outboxce.EventID("/shop/orders", "order-42-created")
+	w := roundTrip(t, m)
+	if len(w.attrs) != maxAttributes || *w.attrs["ce-id"].StringValue != "order-42-created" || w.attrs["ce-dataschema"].StringValue != nil {
+		t.Fatalf("attributes %v: want all 10 used, the original id, dataschema folded", w.attrNames())
 	}
 }
 
