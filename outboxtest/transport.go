@@ -397,8 +397,8 @@ func receiveMalformed(t *testing.T, f *TransportFixture) *outbox.MalformedError 
 }
 
 // readPlainCloudEvent reads m as a CloudEvents reader that knows nothing of txoutbox does:
-// structured mode when its content type says so or it has no "ce-" headers, binary mode
-// otherwise. It returns the attributes and the data.
+// structured mode when its content type says so or it has no "ce-" (or, as in the Kafka
+// binding, "ce_") headers, binary mode otherwise. It returns the attributes and the data.
 func readPlainCloudEvent(m ForeignMessage) (map[string]string, []byte, error) {
 	attrs := map[string]string{}
 	var ct string
@@ -406,7 +406,7 @@ func readPlainCloudEvent(m ForeignMessage) (map[string]string, []byte, error) {
 		switch lk := strings.ToLower(k); {
 		case lk == "content-type":
 			ct = v
-		case strings.HasPrefix(lk, "ce-"):
+		case strings.HasPrefix(lk, "ce-"), strings.HasPrefix(lk, "ce_"): // HTTP, NATS…; Kafka
 			attrs[lk[3:]] = v
 		}
 	}

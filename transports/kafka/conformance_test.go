@@ -3,7 +3,9 @@ package outboxkafka_test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txoutbox/outbox/outboxtest"
@@ -35,8 +37,42 @@ func TestConformance(t *testing.T) {
 					SendRaw: func(ctx context.Context, body []byte) error {
 						return d.client.ProduceSync(ctx, &kgo.Record{Topic: d.topic, Value: body}).FirstErr()
 					},
+					SendForeign: func(ctx context.Context, m outboxtest.ForeignMessage) error {
+						r := &kgo.Record{Topic: d.topic, Value: m.Body}
+						for k, v := range m.Headers {
+							r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+						}
+						return d.client.ProduceSync(ctx, r).FirstErr()
+					},
+					ReceiveForeign: func(ctx context.Context) (outboxtest.ForeignMessage, error) {
+						return receiveForeign(ctx, c, d.topic)
+					},
 				}
 			})
 		})
+	}
+}
+
+// receiveForeign reads the first record of topic with a plain franz-go consumer, as a
+// consumer without txoutbox does (Kafka keeps it: the suite reads one message per topic).
+func receiveForeign(ctx context.Context, c *kfake.Cluster, topic string) (outboxtest.ForeignMessage, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))
+	if err != nil {
+		return outboxtest.ForeignMessage{}, err
+	}
+	defer cl.Close()
+	for {
+		fs := cl.PollRecords(ctx, 1)
+		if err := ctx.Err(); err != nil {
+			return outboxtest.ForeignMessage{}, err
+		}
+		for _, r := range fs.Records() {
+			m := outboxtest.ForeignMessage{Headers: map[string]string{}, Body: r.Value}
+			for _, h := range r.Headers {
+				m.Headers[h.Key] = string(h.Value)
+			}
+			return m, nil
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txoutbox/outbox"
@@ -34,15 +33,6 @@ var kafkaNames = func() map[string]string {
 	m := map[string]string{}
 	for _, a := range []string{"specversion", "id", "type", "source", "time", "partitionkey", "txheaders", "traceparent", "tracestate"} {
 		m[outboxce.HeaderPrefix+a] = HeaderPrefix + a
-	}
-	return m
-}()
-
-// wireNames is kafkaNames the other way round.
-var wireNames = func() map[string]string {
-	m := make(map[string]string, len(kafkaNames))
-	for k, v := range kafkaNames {
-		m[v] = k
 	}
 	return m
 }()
@@ -106,25 +96,23 @@ func brokerID(r *kgo.Record) string {
 	return fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset)
 }
 
-// decode rebuilds the message r carries. A record that is not a txoutbox CloudEvent gives
-// an *outbox.MalformedError keeping the raw record.
+// decode rebuilds the message r carries: in binary mode with "ce_" headers (or "ce-", in
+// any case), or in structured mode; the record key is the partitionkey when no header
+// gives one. A record that is not a valid event gives an *outbox.MalformedError keeping
+// the raw record (headers, a repeated one's last value, and value) and what could be read.
 func decode(r *kgo.Record) (outbox.Message, error) {
-	attrs := make(map[string]string, len(r.Headers))
-	for _, h := range r.Headers {
-		switch {
-		case strings.HasPrefix(h.Key, HeaderPrefix):
-			n, ok := wireNames[h.Key]
-			if !ok {
-				n = outboxce.HeaderPrefix + h.Key[len(HeaderPrefix):]
-			}
-			attrs[n] = string(h.Value)
-		case strings.EqualFold(h.Key, ContentTypeHeader):
-			attrs[ContentTypeHeader] = string(h.Value)
-		}
+	h := make(map[string]string, len(r.Headers))
+	for _, rh := range r.Headers {
+		h[rh.Key] = string(rh.Value)
 	}
-	m, err := outboxce.FromBinary(attrs, r.Value)
+	m, err := outboxce.FromBinary(h, r.Value)
 	if err != nil {
-		return outbox.Message{}, malformed(r, attrs, err)
+		me := outboxce.Malformed(err, brokerID(r), h, r.Value)
+		me.Err = fmt.Errorf("outboxkafka: record %s: %w", brokerID(r), me.Err)
+		if me.Partial.Key == "" {
+			me.Partial.Key = string(r.Key)
+		}
+		return outbox.Message{}, me
 	}
 	if m.Key == "" && len(r.Key) > 0 {
 		// The binding maps the record key to the partitionkey extension: a foreign
@@ -132,32 +120,4 @@ func decode(r *kgo.Record) (outbox.Message, error) {
 		m.Key = string(r.Key)
 	}
 	return m, nil
-}
-
-// malformed describes a record that is not a valid event, keeping all that arrived and
-// whatever of the envelope could be read.
-func malformed(r *kgo.Record, attrs map[string]string, err error) *outbox.MalformedError {
-	raw := make(map[string]string, len(r.Headers))
-	for _, h := range r.Headers {
-		raw[h.Key] = string(h.Value)
-	}
-	partial := outbox.Message{
-		Type:        attrs[outboxce.HeaderPrefix+"type"],
-		Key:         attrs[outboxce.HeaderPrefix+"partitionkey"],
-		ContentType: attrs[ContentTypeHeader],
-		Body:        r.Value,
-	}
-	if id, perr := uuid.Parse(attrs[outboxce.HeaderPrefix+"id"]); perr == nil {
-		partial.ID = id
-	}
-	if partial.Key == "" {
-		partial.Key = string(r.Key)
-	}
-	return &outbox.MalformedError{
-		Partial:         partial,
-		BrokerMessageID: brokerID(r),
-		Attributes:      raw,
-		Body:            r.Value,
-		Err:             fmt.Errorf("outboxkafka: record %s: %w", brokerID(r), err),
-	}
 }
