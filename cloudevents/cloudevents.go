@@ -54,6 +54,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -281,7 +282,8 @@ func fromAttributes(a map[string]string, body []byte, bad problems) (outbox.Mess
 			headers()[k] = v
 		}
 	}
-	if m.ID != uuid.Nil && id != m.ID.String() {
+	// Keep an id that is not the event ID as written: not a UUID, or one in upper case.
+	if m.ID != uuid.Nil && (!isUUID || id != strings.ToLower(id)) {
 		headers()[IDHeader] = id
 		if !isUUID && source != "" {
 			headers()[SourceHeader] = source
@@ -348,23 +350,41 @@ func binaryAttribute(header string) (name string, style int, ok bool) {
 // binaryAttributes picks the CloudEvents attributes out of binary-mode headers.
 func binaryAttributes(headers map[string]string) map[string]string {
 	type pick struct {
+		name   string
 		style  int
 		header string
 	}
 	a := make(map[string]string, len(headers))
-	from := make(map[string]pick, len(headers))
+	var others []pick // only foreign messages have any
 	for k, v := range headers {
 		name, style, ok := binaryAttribute(k)
-		if !ok {
-			continue
+		switch {
+		case !ok:
+		case style == styleExact: // one header per name: no clash among these
+			a[name] = v
+		default:
+			others = append(others, pick{name, style, k})
 		}
-		if p, dup := from[name]; dup && (p.style < style || p.style == style && p.header < k) {
-			continue
+	}
+	slices.SortFunc(others, func(x, y pick) int {
+		return cmp.Or(cmp.Compare(x.style, y.style), strings.Compare(x.header, y.header))
+	})
+	for _, p := range others {
+		if _, taken := a[p.name]; !taken {
+			a[p.name] = headers[p.header]
 		}
-		from[name] = pick{style, k}
-		a[name] = v
 	}
 	return a
+}
+
+// contentMode tells a structured-mode or batch-mode content type from a payload's.
+func contentMode(ct string) (structured, batch bool) {
+	const prefix = "application/cloudevents"
+	if len(ct) < len(prefix) || !strings.EqualFold(ct[:len(prefix)], prefix) {
+		return false, false // the common case, without parsing
+	}
+	mt := mediatype.Base(ct)
+	return mt == StructuredContentType, mt == "application/cloudevents-batch+json"
 }
 
 // FromBinary rebuilds a message from binary-mode headers and body, in any of the header
@@ -377,10 +397,11 @@ func FromBinary(headers map[string]string, body []byte) (outbox.Message, error) 
 	a := binaryAttributes(headers)
 	var m outbox.Message
 	var err error
-	switch ct := mediatype.Base(a["datacontenttype"]); {
-	case ct == "application/cloudevents-batch+json":
+	structured, batch := contentMode(a["datacontenttype"])
+	switch {
+	case batch:
 		err = errors.New("a batch of CloudEvents (batch mode) is not supported: send one event per message")
-	case ct == StructuredContentType || a["specversion"] == "" && startsObject(body):
+	case structured || a["specversion"] == "" && startsObject(body):
 		if m, err = fromStructured(body); err == nil {
 			// Tracing instrumentation writes trace context into the transport's headers.
 			if v := a[extKey]; v != "" && m.Key == "" {

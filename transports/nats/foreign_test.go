@@ -58,8 +58,12 @@ func TestForeignEventHandledOnce(t *testing.T) {
 		publish(golden[name])
 	}
 
+	dead, err := p.Outbox.NewDeadLetters(p.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := consumer.New(d.receiver, &consumer.Config{
-		Name: "foreign", DeadLetters: p.Outbox.NewDeadLetters(p.Pool), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Name: "foreign", DeadLetters: dead, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
