@@ -2,7 +2,10 @@ package outboxamqp_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -36,8 +39,55 @@ func TestConformance(t *testing.T) {
 					SendRaw: func(ctx context.Context, body []byte) error {
 						return d.admin.PublishWithContext(ctx, d.top.Exchange, "raw", true, false, amqp.Publishing{Body: body})
 					},
+					// A producer or bridge that writes another binding's headers as they
+					// are, the content type in its AMQP property.
+					SendForeign: func(ctx context.Context, m outboxtest.ForeignMessage) error {
+						p := amqp.Publishing{Headers: amqp.Table{}, Body: m.Body}
+						for k, v := range m.Headers {
+							if strings.EqualFold(k, "content-type") {
+								p.ContentType = v
+							} else {
+								p.Headers[k] = v
+							}
+						}
+						return d.admin.PublishWithContext(ctx, d.top.Exchange, "foreign", true, false, p)
+					},
+					ReceiveForeign: func(ctx context.Context) (outboxtest.ForeignMessage, error) {
+						return receiveForeign(ctx, d.admin, d.top.Queue)
+					},
 				}
 			})
 		})
+	}
+}
+
+// receiveForeign takes the next message off queue with amqp091-go alone, and acks it: the
+// AMQP binding's "cloudEvents:" headers become "ce-" ones, the content-type property
+// "content-type", as a CloudEvents reader maps them.
+func receiveForeign(ctx context.Context, ch *amqp.Channel, queue string) (outboxtest.ForeignMessage, error) {
+	for {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			return outboxtest.ForeignMessage{}, err
+		}
+		if !ok {
+			select {
+			case <-ctx.Done():
+				return outboxtest.ForeignMessage{}, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		m := outboxtest.ForeignMessage{Headers: map[string]string{}, Body: d.Body}
+		for k, v := range d.Headers {
+			if name, ok := strings.CutPrefix(k, outboxamqp.PropertyPrefix); ok {
+				k = "ce-" + name
+			}
+			m.Headers[k] = fmt.Sprint(v)
+		}
+		if d.ContentType != "" {
+			m.Headers["content-type"] = d.ContentType
+		}
+		return m, d.Ack(false)
 	}
 }

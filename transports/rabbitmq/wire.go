@@ -3,11 +3,11 @@ package outboxamqp
 import (
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txoutbox/outbox"
@@ -66,26 +66,34 @@ func headerBytes(p *amqp.Publishing) int {
 	return n
 }
 
-// decode rebuilds the event of a delivery. A message that is not a valid txoutbox
-// CloudEvent gives an *outbox.MalformedError keeping the body and headers as received.
+// decode rebuilds the event of a delivery: attributes as "cloudEvents:" (or
+// "cloudEvents_") headers as the AMQP binding says, or in another binding's style ("ce-",
+// "ce_", bare traceparent…) as a bridge forwards them, datacontenttype as the content-type
+// property; or the whole event in structured mode. A message that is not a valid event
+// gives an *outbox.MalformedError keeping the body and headers as received (content-type
+// and message-id among them) and what could be read. Its broker message ID is the
+// message-id property, or, without one, where and the delivery tag.
 func decode(d *amqp.Delivery, where string) (outbox.Message, error) {
-	attrs := make(map[string]string, len(d.Headers)+1)
+	h := make(map[string]string, len(d.Headers)+1)
+	var binding []string
 	for k, v := range d.Headers {
-		var name string
-		switch {
-		case strings.HasPrefix(k, PropertyPrefix):
-			name = k[len(PropertyPrefix):]
-		case strings.HasPrefix(k, jmsPropertyPrefix):
-			name = k[len(jmsPropertyPrefix):]
-		default:
+		if strings.HasPrefix(k, PropertyPrefix) || strings.HasPrefix(k, jmsPropertyPrefix) {
+			binding = append(binding, k)
 			continue
 		}
-		attrs[outboxce.HeaderPrefix+name] = attributeString(v)
+		h[k] = attributeString(v)
+	}
+	// The binding's own names win over any other style, and "cloudEvents:" over the JMS
+	// spelling: ':' sorts before '_', so in reverse order the JMS names come first.
+	slices.Sort(binding)
+	for _, k := range slices.Backward(binding) {
+		name := strings.TrimPrefix(strings.TrimPrefix(k, PropertyPrefix), jmsPropertyPrefix)
+		h[outboxce.HeaderPrefix+name] = attributeString(d.Headers[k])
 	}
 	if d.ContentType != "" {
-		attrs[outboxce.ContentTypeHeader] = d.ContentType
+		h[outboxce.ContentTypeHeader] = d.ContentType
 	}
-	m, err := outboxce.FromBinary(attrs, d.Body)
+	m, err := outboxce.FromBinary(h, d.Body)
 	if err == nil {
 		return m, nil
 	}
@@ -99,20 +107,13 @@ func decode(d *amqp.Delivery, where string) (outbox.Message, error) {
 	if d.MessageId != "" {
 		raw["message-id"] = d.MessageId
 	}
-	partial := outbox.Message{
-		Type:        attrs[outboxce.HeaderPrefix+"type"],
-		Key:         attrs[outboxce.HeaderPrefix+"partitionkey"],
-		ContentType: d.ContentType,
-		Body:        d.Body,
+	id := d.MessageId
+	if id == "" {
+		id = fmt.Sprintf("%s delivery tag %d", where, d.DeliveryTag)
 	}
-	partial.ID, _ = uuid.Parse(attrs[outboxce.HeaderPrefix+"id"])
-	return partial, &outbox.MalformedError{
-		Partial:         partial,
-		BrokerMessageID: d.MessageId,
-		Attributes:      raw,
-		Body:            d.Body,
-		Err:             fmt.Errorf("outboxamqp: message at %s (delivery tag %d): %w", where, d.DeliveryTag, err),
-	}
+	me := outboxce.Malformed(err, id, raw, d.Body)
+	me.Err = fmt.Errorf("outboxamqp: message at %s (delivery tag %d): %w", where, d.DeliveryTag, me.Err)
+	return me.Partial, me
 }
 
 // attributeString is an attribute value in its CloudEvents canonical string form: the
