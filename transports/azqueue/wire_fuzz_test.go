@@ -1,9 +1,7 @@
 package outboxazqueue
 
 import (
-	"bytes"
 	"encoding/base64"
-	"errors"
 	"maps"
 	"testing"
 	"time"
@@ -41,12 +39,8 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string) {
 		got, err := decode("msg-1", text)
 		if err != nil {
-			var me *outbox.MalformedError
-			if !errors.As(err, &me) || !errors.Is(err, outbox.ErrMalformed) {
-				t.Fatalf("decode(%q) error %v is not an *outbox.MalformedError", text, err)
-			}
-			if !bytes.Equal(me.Body, []byte(text)) || me.BrokerMessageID != "msg-1" || len(me.Attributes) != 0 {
-				t.Fatalf("decode(%q): the error keeps body %q, id %q, attributes %v", text, me.Body, me.BrokerMessageID, me.Attributes)
+			if err := outboxtest.CheckMalformed(err, nil, []byte(text), "msg-1"); err != nil {
+				t.Fatalf("decode(%q): %v", text, err)
 			}
 			return
 		}

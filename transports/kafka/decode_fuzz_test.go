@@ -1,10 +1,7 @@
 package outboxkafka
 
 import (
-	"bytes"
-	"errors"
 	"maps"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,15 +11,6 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
 )
-
-// headerLines writes record headers as the fuzz input spells them: "name\tvalue" lines.
-func headerLines(hs []kgo.RecordHeader) string {
-	var b strings.Builder
-	for _, h := range hs {
-		b.WriteString(h.Key + "\t" + string(h.Value) + "\n")
-	}
-	return b.String()
-}
 
 // FuzzDecode: any record (headers, key, value) decodes to an event or to an
 // *outbox.MalformedError that keeps every header (a repeated one's last value) and the
@@ -37,13 +25,13 @@ func FuzzDecode(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Add(headerLines(r.Headers), string(r.Key), r.Value)
+	own := map[string]string{}
+	for _, h := range r.Headers {
+		own[h.Key] = string(h.Value)
+	}
+	f.Add(outboxtest.HeaderLines(own), string(r.Key), r.Value)
 	for _, fm := range outboxtest.ForeignMessages() {
-		var hs []kgo.RecordHeader
-		for k, v := range fm.Headers {
-			hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)})
-		}
-		f.Add(headerLines(hs), "", fm.Body)
+		f.Add(outboxtest.HeaderLines(fm.Headers), "", fm.Body)
 	}
 	f.Add("", "", []byte("not a CloudEvent"))
 	f.Add("ce_id\t1\nce_id\t2\nCE-TYPE\tt\n", "key", []byte(`{"specversion":"1.0"}`))
@@ -52,23 +40,17 @@ func FuzzDecode(f *testing.F) {
 		if key != "" {
 			rec.Key = []byte(key)
 		}
-		for _, line := range strings.Split(lines, "\n") {
-			if k, v, ok := strings.Cut(line, "\t"); ok {
-				rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
-			}
+		for _, h := range outboxtest.ParseHeaderLines(lines) {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h[0], Value: []byte(h[1])})
 		}
 		got, err := decode(rec)
 		if err != nil {
-			var me *outbox.MalformedError
-			if !errors.As(err, &me) || !errors.Is(err, outbox.ErrMalformed) {
-				t.Fatalf("error %v is not an *outbox.MalformedError", err)
-			}
-			want := map[string]string{}
+			raw := map[string]string{} // a repeated header's last value
 			for _, h := range rec.Headers {
-				want[h.Key] = string(h.Value)
+				raw[h.Key] = string(h.Value)
 			}
-			if !maps.Equal(me.Attributes, want) || !bytes.Equal(me.Body, value) || me.BrokerMessageID != "t/2/7" {
-				t.Fatalf("the error keeps attributes %q body %q id %q; received %q %q", me.Attributes, me.Body, me.BrokerMessageID, want, value)
+			if err := outboxtest.CheckMalformed(err, raw, value, "t/2/7"); err != nil {
+				t.Fatal(err)
 			}
 			return
 		}

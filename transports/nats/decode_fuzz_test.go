@@ -1,8 +1,6 @@
 package outboxnats
 
 import (
-	"bytes"
-	"errors"
 	"maps"
 	"strings"
 	"testing"
@@ -17,26 +15,6 @@ import (
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
-// headerLines writes headers as the fuzz input spells them: one "name\tvalue" line each.
-func headerLines(h map[string]string) string {
-	var b strings.Builder
-	for k, v := range h {
-		b.WriteString(k + "\t" + v + "\n")
-	}
-	return b.String()
-}
-
-// parseHeaders reads fuzz input lines into a nats.Header; a name given twice gets two values.
-func parseHeaders(lines string) nats.Header {
-	h := nats.Header{}
-	for _, line := range strings.Split(lines, "\n") {
-		if k, v, ok := strings.Cut(line, "\t"); ok {
-			h[k] = append(h[k], v)
-		}
-	}
-	return h
-}
-
 // FuzzDecode: any headers and data decode to an event or to an *outbox.MalformedError that
 // keeps every header (repeated values joined by "\n") and the data byte for byte, never a
 // panic; a decoded event written by our encoder reads back as the same event. Seeds: our own
@@ -50,26 +28,25 @@ func FuzzDecode(f *testing.F) {
 		f.Fatal(err)
 	}
 	h[jetstream.MsgIDHeader] = m.DedupID()
-	f.Add(headerLines(h), m.Body)
+	f.Add(outboxtest.HeaderLines(h), m.Body)
 	for _, fm := range outboxtest.ForeignMessages() {
-		f.Add(headerLines(fm.Headers), fm.Body)
+		f.Add(outboxtest.HeaderLines(fm.Headers), fm.Body)
 	}
 	f.Add("", []byte("not a CloudEvent"))
 	f.Add("ce-id\t1\nce-id\t2\nCE-TYPE\tt\n", []byte(`{"specversion":"1.0"}`))
 	f.Fuzz(func(t *testing.T, lines string, data []byte) {
-		hs := parseHeaders(lines)
+		hs := nats.Header{}
+		for _, h := range outboxtest.ParseHeaderLines(lines) {
+			hs[h[0]] = append(hs[h[0]], h[1])
+		}
 		got, err := decode(hs, data, "S/1")
 		if err != nil {
-			var me *outbox.MalformedError
-			if !errors.As(err, &me) || !errors.Is(err, outbox.ErrMalformed) {
-				t.Fatalf("error %v is not an *outbox.MalformedError", err)
-			}
-			want := map[string]string{}
+			raw := map[string]string{} // a repeated header's values joined by "\n"
 			for k, vs := range hs {
-				want[k] = strings.Join(vs, "\n")
+				raw[k] = strings.Join(vs, "\n")
 			}
-			if !maps.Equal(me.Attributes, want) || !bytes.Equal(me.Body, data) || me.BrokerMessageID != "S/1" {
-				t.Fatalf("the error keeps attributes %q body %q id %q; received %q %q", me.Attributes, me.Body, me.BrokerMessageID, want, data)
+			if err := outboxtest.CheckMalformed(err, raw, data, "S/1"); err != nil {
+				t.Fatal(err)
 			}
 			return
 		}

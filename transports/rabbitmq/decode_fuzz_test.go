@@ -1,10 +1,7 @@
 package outboxamqp
 
 import (
-	"bytes"
-	"errors"
 	"maps"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,15 +11,6 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
 )
-
-// headerLines writes string headers as the fuzz input spells them: "name\tvalue" lines.
-func headerLines(h map[string]string) string {
-	var b strings.Builder
-	for k, v := range h {
-		b.WriteString(k + "\t" + v + "\n")
-	}
-	return b.String()
-}
 
 // FuzzDecode: any delivery (headers, content type, message-id, body) decodes to an event or
 // to an *outbox.MalformedError that keeps every header, the content type, the message-id
@@ -41,41 +29,35 @@ func FuzzDecode(f *testing.F) {
 	for k, v := range p.Headers {
 		own[k] = v.(string)
 	}
-	f.Add(headerLines(own), p.ContentType, p.MessageId, p.Body)
+	f.Add(outboxtest.HeaderLines(own), p.ContentType, p.MessageId, p.Body)
 	for _, fm := range outboxtest.ForeignMessages() {
-		f.Add(headerLines(fm.Headers), "", "", fm.Body)
+		f.Add(outboxtest.HeaderLines(fm.Headers), "", "", fm.Body)
 	}
 	f.Add("", "", "", []byte("not a CloudEvent"))
 	f.Add("cloudEvents:id\t1\ncloudEvents_id\t2\nce-id\t3\nCE_TYPE\tt\n", "application/json", "m-1", []byte(`{"specversion":"1.0"}`))
 	f.Fuzz(func(t *testing.T, lines, contentType, messageID string, body []byte) {
 		d := &amqp.Delivery{Headers: amqp.Table{}, ContentType: contentType, MessageId: messageID, DeliveryTag: 9, Body: body}
-		for _, line := range strings.Split(lines, "\n") {
-			if k, v, ok := strings.Cut(line, "\t"); ok {
-				d.Headers[k] = v
-			}
+		for _, h := range outboxtest.ParseHeaderLines(lines) {
+			d.Headers[h[0]] = h[1]
 		}
 		got, err := decode(d, "queue q")
 		if err != nil {
-			var me *outbox.MalformedError
-			if !errors.As(err, &me) || !errors.Is(err, outbox.ErrMalformed) {
-				t.Fatalf("error %v is not an *outbox.MalformedError", err)
-			}
-			want := map[string]string{}
+			raw := map[string]string{}
 			for k, v := range d.Headers {
-				want[k] = v.(string)
+				raw[k] = v.(string)
 			}
 			if contentType != "" {
-				want["content-type"] = contentType
+				raw["content-type"] = contentType
 			}
 			if messageID != "" {
-				want["message-id"] = messageID
+				raw["message-id"] = messageID
 			}
-			wantID := messageID
-			if wantID == "" {
-				wantID = "queue q delivery tag 9"
+			id := messageID
+			if id == "" {
+				id = "queue q delivery tag 9"
 			}
-			if !maps.Equal(me.Attributes, want) || !bytes.Equal(me.Body, body) || me.BrokerMessageID != wantID {
-				t.Fatalf("the error keeps attributes %q body %q id %q; received %q %q %q", me.Attributes, me.Body, me.BrokerMessageID, want, body, wantID)
+			if err := outboxtest.CheckMalformed(err, raw, body, id); err != nil {
+				t.Fatal(err)
 			}
 			return
 		}

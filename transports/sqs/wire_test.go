@@ -336,31 +336,30 @@ func FuzzEncodeDecode(f *testing.F) {
 	})
 }
 
-// attributeLines writes attributes as the fuzz input spells them: "name\ttype\tvalue" lines.
+// attributeLines spells SQS attributes for the fuzz input: each value is "type\tvalue".
 func attributeLines(attrs map[string]types.MessageAttributeValue) string {
-	var b strings.Builder
+	h := map[string]string{}
 	for k, v := range attrs {
 		val := deref(v.StringValue)
 		if v.BinaryValue != nil {
 			val = string(v.BinaryValue)
 		}
-		b.WriteString(k + "\t" + deref(v.DataType) + "\t" + val + "\n")
+		h[k] = deref(v.DataType) + "\t" + val
 	}
-	return b.String()
+	return outboxtest.HeaderLines(h)
 }
 
 // parseAttributes reads fuzz input lines into SQS message attributes.
 func parseAttributes(lines string) map[string]types.MessageAttributeValue {
 	attrs := map[string]types.MessageAttributeValue{}
-	for _, line := range strings.Split(lines, "\n") {
-		parts := strings.SplitN(line, "\t", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if strings.HasPrefix(parts[1], "Binary") {
-			attrs[parts[0]] = types.MessageAttributeValue{DataType: ptr(parts[1]), BinaryValue: []byte(parts[2])}
-		} else {
-			attrs[parts[0]] = types.MessageAttributeValue{DataType: ptr(parts[1]), StringValue: ptr(parts[2])}
+	for _, h := range outboxtest.ParseHeaderLines(lines) {
+		dt, v, ok := strings.Cut(h[1], "\t")
+		switch {
+		case !ok:
+		case strings.HasPrefix(dt, "Binary"):
+			attrs[h[0]] = types.MessageAttributeValue{DataType: ptr(dt), BinaryValue: []byte(v)}
+		default:
+			attrs[h[0]] = types.MessageAttributeValue{DataType: ptr(dt), StringValue: ptr(v)}
 		}
 	}
 	return attrs
@@ -393,19 +392,15 @@ func FuzzDecode(f *testing.F) {
 		attrs := parseAttributes(lines)
 		got, err := decode(types.Message{MessageId: ptr("m-1"), Body: &body, MessageAttributes: attrs})
 		if err != nil {
-			var me *outbox.MalformedError
-			if !errors.As(err, &me) || !errors.Is(err, outbox.ErrMalformed) {
-				t.Fatalf("error %v is not an *outbox.MalformedError", err)
-			}
-			want := map[string]string{}
+			raw := map[string]string{} // String and Number values as text, Binary ones as bytes
 			for k, v := range attrs {
-				want[k] = deref(v.StringValue)
+				raw[k] = deref(v.StringValue)
 				if v.BinaryValue != nil {
-					want[k] = string(v.BinaryValue)
+					raw[k] = string(v.BinaryValue)
 				}
 			}
-			if !maps.Equal(me.Attributes, want) || string(me.Body) != body || me.BrokerMessageID != "m-1" {
-				t.Fatalf("the error keeps attributes %q body %q id %q; received %q %q", me.Attributes, me.Body, me.BrokerMessageID, want, body)
+			if err := outboxtest.CheckMalformed(err, raw, []byte(body), "m-1"); err != nil {
+				t.Fatal(err)
 			}
 			return
 		}
