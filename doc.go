@@ -6,5 +6,8 @@
 // (outboxmem, outboxsqs, outboxazqueue, outboxnats) with the event's ID as the broker's dedup ID,
 // retrying with backoff and moving what cannot be delivered to the dead-letter table.
 //
-// The guarantees, the wire format and the performance targets are in the repository's README.
+// The README (https://github.com/txoutbox/outbox) is the tour; the topic pages are in its docs
+// directory: delivery guarantees (docs/delivery.md), ordering (docs/ordering.md), dead
+// letters (docs/deadletters.md) and operating it (docs/operating.md), at
+// https://github.com/txoutbox/outbox/tree/main/docs.
 package outbox

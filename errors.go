@@ -26,26 +26,38 @@ var (
 
 // EncodeError reports a payload its codec could not encode.
 type EncodeError struct {
-	ID   uuid.UUID
+	// ID is the event's ID.
+	ID uuid.UUID
+	// Type is the event type.
 	Type string
-	Err  error
+	// Err is the codec's error.
+	Err error
 }
 
+// Error says which event could not be encoded, and why.
 func (e *EncodeError) Error() string {
 	return fmt.Sprintf("outbox: encoding event %s (%s): %v", e.ID, e.Type, e.Err)
 }
+
+// Unwrap returns the codec's error.
 func (e *EncodeError) Unwrap() error { return e.Err }
 
 // DecodeError reports a message body that could not be decoded.
 type DecodeError struct {
-	ID   uuid.UUID
+	// ID is the message's ID.
+	ID uuid.UUID
+	// Type is the message's event type.
 	Type string
-	Err  error
+	// Err is the codec's error.
+	Err error
 }
 
+// Error says which message could not be decoded, and why.
 func (e *DecodeError) Error() string {
 	return fmt.Sprintf("outbox: decoding event %s (%s): %v", e.ID, e.Type, e.Err)
 }
+
+// Unwrap returns the codec's error.
 func (e *DecodeError) Unwrap() error { return e.Err }
 
 // permanentError marks an error that retrying cannot fix.

@@ -199,13 +199,21 @@ type Encodable interface {
 //     values are valid UTF-8 and hold no control characters other than tab (NUL, CR and
 //     LF cannot cross SQS or NATS).
 type Message struct {
-	ID          uuid.UUID
-	Type        string
-	Key         string
-	Headers     map[string]string
+	// ID is the event's ID, a UUIDv7 from New: the broker's dedup ID and the inbox's key.
+	ID uuid.UUID
+	// Type is the event type, the payload's EventType(): consumers dispatch on it.
+	Type string
+	// Key orders events: those with the same key are delivered and handled in the order
+	// they were written. Empty means no order.
+	Key string
+	// Headers are the event's own headers, and the trace context Publish adds.
+	Headers map[string]string
+	// ContentType is the body's media type, which picks the codec ("application/json").
 	ContentType string
-	Body        []byte
-	CreatedAt   time.Time
+	// Body is the encoded payload.
+	Body []byte
+	// CreatedAt is when the event was made (New), in UTC.
+	CreatedAt time.Time
 }
 
 // Encode returns m after checking it with [Message.Validate], so a Message can be published

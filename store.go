@@ -31,9 +31,13 @@ type Store interface {
 
 // ClaimParams are the arguments of [Store.Claim].
 type ClaimParams struct {
+	// Owner names the claiming relay (RelayConfig.Name), for people reading the table.
 	Owner string
+	// Token fences the claim: every write-back of its messages must carry it.
 	Token int64
+	// Limit caps how many messages are claimed.
 	Limit int
+	// Lease is how long the messages stay the claimer's before another relay may take them.
 	Lease time.Duration
 }
 
@@ -43,7 +47,8 @@ type Claimed struct {
 	Seq int64
 	// Attempts counts claims of this message, this one included.
 	Attempts int
-	Message  Message
+	// Message is the message as stored.
+	Message Message
 	// Err is set when the row could not be read into a valid Message (written by raw SQL,
 	// a trigger or another producer: an id that is not a UUID, headers that are not a
 	// JSON object of strings, a type or key that breaks the rules of [Message]…). It
@@ -54,14 +59,19 @@ type Claimed struct {
 
 // Retry is one message to release for another attempt.
 type Retry struct {
-	Seq   int64
+	// Seq names the message.
+	Seq int64
+	// Delay is how long from now before it may be claimed again.
 	Delay time.Duration
+	// Error is the failure, kept on the row for people reading the table.
 	Error string
 }
 
 // DeadLetter is one message to move to the dead-letter table.
 type DeadLetter struct {
-	Seq    int64
+	// Seq names the message.
+	Seq int64
+	// Reason is the failure, stored with the dead letter.
 	Reason string
 	// Kind classifies the failure for people filtering dead letters: one of the
 	// deadletter.Kind values ("gave-up", "permanent", "too-large", "unreadable-row").
@@ -74,6 +84,9 @@ type DeadLetter struct {
 // name as their prefix ("outbox_dead_letters"…). Names must be plain identifiers
 // (letters, digits, underscores; not starting with a digit; Outbox at most 40 characters).
 type Tables struct {
+	// Schema is the schema (MySQL: the database) of every table; "" is the connection's
+	// default.
 	Schema string
+	// Outbox is the outbox table's name and the prefix of the others; "" is "outbox".
 	Outbox string
 }

@@ -176,8 +176,10 @@ func (u *undecodable) Unwrap() error { return u.err }
 
 // Info describes the delivery a handler is running for.
 type Info struct {
+	// Consumer is the consumer's Config.Name, the inbox's key prefix.
 	Consumer string
-	Attempt  int
+	// Attempt counts the deliveries of the message, this one included (1 the first time).
+	Attempt int
 }
 
 type infoKey struct{}

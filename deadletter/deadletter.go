@@ -75,11 +75,16 @@ type Entry struct {
 	// Message is the event. Its ID is uuid.Nil when none could be read (a malformed
 	// message, an outbox row whose id is not a UUID): the table stores NULL, never a
 	// made-up ID. Its text fields are as stored, made storable if they had to be (see Raw).
-	Message  outbox.Message
-	Stage    Stage
-	Kind     Kind
-	Consumer string // consumer name, for StageConsumer
-	Reason   string
+	Message outbox.Message
+	// Stage is where it failed: the relay (sending) or a consumer (handling).
+	Stage Stage
+	// Kind is what went wrong, when it was not the handler's or the broker's error.
+	Kind Kind
+	// Consumer is the consumer's name, for StageConsumer.
+	Consumer string
+	// Reason is the last error, as text.
+	Reason string
+	// Attempts is how many times delivery or handling was tried.
 	Attempts int
 	// BrokerMessageID is the broker's own identity of the message (SQS MessageId, Azure
 	// Queue message ID, JetStream sequence…), set by the consumer for malformed messages.
@@ -90,20 +95,29 @@ type Entry struct {
 	// no longer parses (edited by hand) comes back whole in Raw.Body.
 	Raw *Raw
 
-	FirstFailedAt   time.Time
-	LastFailedAt    time.Time
-	Status          Status
-	StatusChangedAt time.Time // zero while pending
+	// FirstFailedAt and LastFailedAt are the first and the last failure, by the
+	// database's clock.
+	FirstFailedAt time.Time
+	LastFailedAt  time.Time
+	// Status is pending until the entry is replayed or discarded.
+	Status Status
+	// StatusChangedAt is when Status last changed; zero while pending.
+	StatusChangedAt time.Time
 }
 
 // Filter selects dead letters for [Table.List]. Zero fields match everything.
 type Filter struct {
-	Status    Status
-	Stage     Stage
-	Kind      Kind
-	Consumer  string
+	// Status, Stage and Kind match entries with that value.
+	Status Status
+	Stage  Stage
+	Kind   Kind
+	// Consumer matches one consumer's entries.
+	Consumer string
+	// EventType matches one event type (Message.Type).
 	EventType string
-	EventID   uuid.UUID
+	// EventID matches one event's entries (an event can fail more than once, e.g. after a
+	// replay).
+	EventID uuid.UUID
 	// BrokerMessageID finds a malformed message by the broker's ID for it.
 	BrokerMessageID string
 	// ReasonContains matches reasons that contain it (case-sensitive).

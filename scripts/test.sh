@@ -2,6 +2,9 @@
 # Runs the whole test suite: brings up the services (scripts/services/up.sh), then in every module
 # listed in go.work runs `go vet ./...` and `go test -race -count=1 -timeout 20m ./...`, then checks
 # that all .go files are gofmt-clean. Goes on through all modules; exits non-zero if anything failed.
+# On exit it stops the services that this run started (scripts/services/down.sh), and leaves
+# alone those that were already running: start them with `make services` to keep them between
+# runs, or set KEEP_SERVICES=1.
 # Usage: scripts/test.sh [go test flags...]   e.g. scripts/test.sh -run Relay -v
 set -euo pipefail
 
@@ -20,6 +23,24 @@ export TXOUTBOX_AMQP_URL=${TXOUTBOX_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/
 export GOTRACEBACK=all      # every goroutine's stack when a test panics or times out
 export GIT_TERMINAL_PROMPT=0 # a module fetch never waits for a password
 
+# The services this run starts are those whose PID files up.sh writes now.
+pids=scripts/services/.run
+before=$(ls "$pids"/*.pid 2>/dev/null || true)
+stop_started() {
+  local f started=()
+  for f in "$pids"/*.pid; do
+    [[ -e $f ]] && ! grep -qxF "$f" <<<"$before" && started+=("$(basename "$f" .pid)")
+  done
+  if ((${#started[@]} == 0)); then
+    echo "=== services: this run started none; left as they were"
+  elif [[ -n ${KEEP_SERVICES:-} ]]; then
+    echo "=== services: KEEP_SERVICES is set, leaving running what this run started: ${started[*]} (stop them with make services-down)"
+  else
+    echo "=== services: stopping what this run started: ${started[*]}"
+    scripts/services/down.sh "${started[@]}" || true
+  fi
+}
+trap stop_started EXIT
 scripts/services/up.sh
 
 summary=() passed=0 failed=0

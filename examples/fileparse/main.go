@@ -1,4 +1,4 @@
-// Command fileparse tells seed 000's story: an API accepts CSV uploads and a worker parses
+// Command fileparse is a file-upload service: an API accepts CSV uploads and a worker parses
 // them, with Azure Queue Storage in between. The upload handler saves the file, its task and a
 // "parse requested" event in one GORM transaction; the relay sends committed events to the
 // queue; the worker parses each file exactly once, through outboxgorm's inbox.
@@ -38,7 +38,7 @@ import (
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 )
 
-// SourceFile is an uploaded file. (The seed keeps a storage path; the content keeps this short.)
+// SourceFile is an uploaded file. (A real service would keep a storage path; the content keeps this short.)
 type SourceFile struct {
 	ID      string `gorm:"primaryKey"`
 	Name    string
@@ -113,7 +113,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	}
 	defer sqlDB.Exec("DROP SCHEMA " + schema + " CASCADE")
 	// File names are unique, checked at COMMIT: a second sales.csv fails the commit after the
-	// event was written, the seed's "queue sent, then the commit failed" case.
+	// event was written, the old code's "queue sent, then the commit failed" case.
 	if err := db.AutoMigrate(&SourceFile{}, &Task{}, &Record{}); err != nil {
 		return err
 	}

@@ -1,5 +1,5 @@
-// Command orders tells seed 002's story: completing an order must also tell the loyalty
-// service, over an SQS FIFO queue. Each status change is an UPDATE of the order and an
+// Command orders is an order service whose status changes must reach the loyalty service,
+// over an SQS FIFO queue. Each status change is an UPDATE of the order and an
 // outboxsql.Publish in one *sql.Tx; the relay sends the events to SQS with the order ID as
 // MessageGroupId, so each order's events arrive in order; the loyalty service awards points
 // through the inbox, so a redelivered "completed" never awards them twice.

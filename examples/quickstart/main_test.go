@@ -14,6 +14,9 @@ import (
 // SQLite, and the same on PostgreSQL and MySQL.
 func TestPrintsWhatTheREADMESays(t *testing.T) {
 	want := readmetest.Output(t, "../../README.md", "<!-- quickstart output -->")
+	if own := readmetest.Output(t, "README.md", "<!-- output -->"); own != want {
+		t.Fatalf("examples/quickstart/README.md shows:\n%s\nthe repository's README:\n%s", own, want)
+	}
 	var out bytes.Buffer
 	if err := run(&out, "sqlite", ""); err != nil {
 		t.Fatal(err)

@@ -3,16 +3,20 @@
 # that was already running when up.sh ran. Usage: scripts/services/down.sh [SERVICE...]
 set -euo pipefail
 
-run=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/.run
-
-# Same as in up.sh: "PID STARTTIME", so a recycled PID is never signalled.
-identity() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) && read -ra s <<<"${s##*) }" && echo "$1 ${s[19]}"; }
-alive() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) && [[ ${s##*) } != Z* ]]; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh" # identity: "PID STARTTIME", so a recycled PID is never signalled
+run=$here/.run
 
 if (($#)); then names=("$@"); else
   names=()
   for f in "$run"/*.pid; do [[ -e $f ]] && names+=("$(basename "$f" .pid)"); done
 fi
+# epmd last: RabbitMQ's Erlang node talks to it until it stops.
+ordered=()
+for name in "${names[@]}"; do [[ $name == epmd ]] || ordered+=("$name"); done
+[[ " ${names[*]} " == *" epmd "* ]] && ordered+=(epmd)
+names=("${ordered[@]}")
 
 rc=0
 for name in "${names[@]}"; do

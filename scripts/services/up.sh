@@ -21,6 +21,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 run=$here/.run
 mkdir -p "$run"
 exec 9>"$run/lock" && flock 9 # one up.sh at a time
@@ -29,6 +31,7 @@ ALL=(postgres mariadb nats rabbitmq azurite fauxqs)
 declare -A PORT=([postgres]=5432 [mariadb]=3306 [nats]=4222 [rabbitmq]=5672 [azurite]=10001 [fauxqs]=4566)
 declare -A WAIT=([postgres]=30 [mariadb]=60 [nats]=20 [rabbitmq]=90 [azurite]=60 [fauxqs]=30) # seconds
 declare -A PID=()
+installed=() # what this run installed, printed at the end
 
 fail() { echo "up.sh: $*" >&2; exit 1; }
 
@@ -39,6 +42,7 @@ need() {
   command -v "$1" >/dev/null && return
   if [[ -z ${apt_updated:-} ]]; then apt-get update -qq || fail "apt-get update failed"; apt_updated=1; fi
   echo "$2: installing with apt-get"
+  installed+=("$2 $(dpkg-query -W -f '${Version}' "$2" 2>/dev/null || true) (apt)")
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >"$run/apt-$2.log" 2>&1 ||
     { tail -n 20 "$run/apt-$2.log" >&2; fail "apt-get install $2 failed (log: $run/apt-$2.log)"; }
   command -v "$1" >/dev/null || fail "$1 still missing after installing $2"
@@ -71,6 +75,10 @@ node_deps() {
     (cd "$here" && npm install --no-audit --no-fund) >"$run/npm-install.log" 2>&1 ||
       { tail -n 30 "$run/npm-install.log" >&2; fail "npm install failed (log: $run/npm-install.log)"; }
     (cd "$here" && cat package.json package-lock.json | sha256sum) >"$stamp"
+    local pkg
+    for pkg in azurite fauxqs cloudevents amqplib; do
+      installed+=("$pkg $(node -p "require('$here/node_modules/$pkg/package.json').version" 2>/dev/null) (npm, scripts/services/node_modules)")
+    done
   fi
   node_ready=1
 }
@@ -168,9 +176,6 @@ start_fauxqs() {
   spawn fauxqs env FAUXQS_PORT=4566 node "$here/fauxqs.mjs"
 }
 
-# "PID STARTTIME": STARTTIME (from /proc) tells a recorded process from a later one with its PID.
-identity() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) && read -ra s <<<"${s##*) }" && echo "$1 ${s[19]}"; }
-alive() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) && [[ ${s##*) } != Z* ]]; }
 
 names=("$@")
 ((${#names[@]})) || names=("${ALL[@]}")
@@ -184,9 +189,12 @@ if [[ " ${names[*]} " == *" azurite "* || " ${names[*]} " == *" fauxqs "* || " $
 
 # Start everything that is down first, then wait for each: the slow ones start in parallel.
 started=()
+epmd_was_up=0; answers 4369 && epmd_was_up=1 # RabbitMQ's Erlang starts epmd if it is not running
 for name in "${names[@]}"; do
   answers "${PORT[$name]}" && continue
   "start_$name" 9>&- # 9 is the lock: no daemon may keep it
+  # Installing a Debian package may have started the service: then it is ours to stop too.
+  if [[ -z ${PID[$name]:-} ]] && answers "${PORT[$name]}"; then PID[$name]=$(listener_pid "${PORT[$name]}"); fi
   [[ -z ${PID[$name]:-} ]] || started+=("$name")
 done
 for name in "${names[@]}"; do
@@ -208,3 +216,18 @@ for name in "${names[@]}"; do
   fi
   if declare -F "setup_$name" >/dev/null; then "setup_$name"; fi
 done
+
+# epmd, started by the Erlang of a RabbitMQ this run started, outlives it: down.sh stops it last.
+if ((!epmd_was_up)) && [[ " ${started[*]} " == *" rabbitmq "* ]] && answers 4369; then
+  pid=$(listener_pid 4369)
+  [[ -z $pid ]] || { identity "$pid" >"$run/epmd.pid"; echo "epmd: started with rabbitmq (pid $pid)"; }
+fi
+
+if ((${#installed[@]})); then
+  echo "installed by this run:"
+  printf '  %s\n' "${installed[@]}"
+fi
+if [[ -n ${node_ready:-} ]]; then
+  major=$(node -p 'process.versions.node.split(".")[0]')
+  ((major >= 22)) || echo "note: node $(node --version): Azurite's dependencies declare Node 22 (npm warns EBADENGINE in $run/npm-install.log); everything here is tested on Node 20, which works"
+fi
