@@ -11,10 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -47,8 +44,19 @@ type RelayConfig struct {
 	// Concurrency is how many claim → send → write-back loops run at once. With 2, one
 	// loop's sends and write-backs overlap the other's claim. Default 2.
 	Concurrency int
-	// Logger receives the relay's logs. Default slog.Default().
+	// Logger receives the relay's logs, with the event's id, type, key and attempt (never
+	// its payload); failures to be retried are rate-limited (10 lines per 10s, with the
+	// count of those left out). Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider and MeterProvider receive the relay's spans and metrics. Default: the
+	// global providers (otel.SetTracerProvider…), which do nothing until the application
+	// installs an OpenTelemetry SDK.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// OnDeadLetter, when set, is called once for each message the relay moves to the
+	// dead-letter table, after the move committed: to page someone without polling the
+	// table. See [DeadLettered].
+	OnDeadLetter func(ctx context.Context, d DeadLettered)
 }
 
 // WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
@@ -121,7 +129,7 @@ type Relay struct {
 	cfg     *RelayConfig
 	wake    chan struct{}
 	running atomic.Bool
-	tracer  trace.Tracer
+	obs     relayTelemetry
 }
 
 // NewRelay returns a relay that moves messages from store to sender.
@@ -140,8 +148,9 @@ func NewRelay(store Store, sender Sender, cfg *RelayConfig) (*Relay, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	return &Relay{store: store, sender: sender, cfg: c, wake: make(chan struct{}, 1),
-		tracer: otel.Tracer("github.com/txoutbox/outbox")}, nil
+	r := &Relay{store: store, sender: sender, cfg: c, wake: make(chan struct{}, 1)}
+	r.obs.init(c, sender)
+	return r, nil
 }
 
 // Wake makes a waiting relay claim now instead of at its next poll. Call it after committing
@@ -162,6 +171,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("outbox: Relay.Run called while the relay is running")
 	}
 	defer r.running.Store(false)
+	if sr, ok := r.store.(StatsReader); ok {
+		defer r.obs.observeStats(sr)()
+	}
 
 	var wg sync.WaitGroup
 	for range r.cfg.Concurrency {
@@ -173,7 +185,6 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // loop is one claim → send → write-back loop of Run, polling adaptively.
 func (r *Relay) loop(ctx context.Context) {
-	log := r.cfg.Logger.With("relay", r.cfg.Name)
 	interval := r.cfg.MinPollInterval
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -185,7 +196,7 @@ func (r *Relay) loop(ctx context.Context) {
 		case err != nil && ctx.Err() == nil:
 			failures++
 			interval = min(r.cfg.MaxPollInterval*time.Duration(failures), 5*time.Second)
-			log.Error("outbox relay: cycle failed", "err", err, "retry_in", interval)
+			r.obs.log.ErrorContext(ctx, "outbox relay: cycle failed", "err", err, "retry_in", interval)
 		case n == r.cfg.BatchSize:
 			failures = 0
 			continue // more may be waiting
@@ -228,6 +239,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	if len(claimed) == 0 {
 		return 0, nil
 	}
+	r.obs.claimed(ctx, len(claimed))
 	// A message claimed more often than MaxAttempts lost its earlier leases without a
 	// write-back: its sends crashed or hung the relay. Dead-letter it instead of looping.
 	// A row the store could not read is dead-lettered alone; the rest of the claim goes on.
@@ -235,13 +247,12 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	sendable := make([]Claimed, 0, len(claimed)) // sized once: a batch is hundreds of messages
 	for _, c := range claimed {
 		if c.Err != nil {
-			out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Kind: deadUnreadableRow,
-				Reason: fmt.Sprintf("unreadable outbox row: %v", c.Err)})
+			out.deadLetter(c, deadUnreadableRow, fmt.Sprintf("unreadable outbox row: %v", c.Err))
 			continue
 		}
 		if c.Attempts > r.cfg.MaxAttempts {
-			out.dead = append(out.dead, DeadLetter{Seq: c.Seq, Kind: deadGaveUp, Reason: fmt.Sprintf(
-				"claimed %d times without an outcome (the relay crashed or timed out while sending it)", c.Attempts-1)})
+			out.deadLetter(c, deadGaveUp, fmt.Sprintf(
+				"claimed %d times without an outcome (the relay crashed or timed out while sending it)", c.Attempts-1))
 			continue
 		}
 		sendable = append(sendable, c)
@@ -260,10 +271,9 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		errs = append(errs, r.store.Retry(wctx, token, out.retry))
 	}
 	if len(out.dead) > 0 {
-		errs = append(errs, r.store.DeadLetter(wctx, token, out.dead))
-		for _, d := range out.dead {
-			r.cfg.Logger.Warn("outbox relay: message dead-lettered", "relay", r.cfg.Name, "seq", d.Seq, "reason", d.Reason)
-		}
+		moved, err := r.store.DeadLetter(wctx, token, out.dead)
+		errs = append(errs, err)
+		r.obs.deadLettered(wctx, &out, moved)
 	}
 	if len(out.release) > 0 {
 		errs = append(errs, r.store.Release(wctx, token, out.release))
@@ -287,6 +297,12 @@ type outcome struct {
 	done, release []int64
 	retry         []Retry
 	dead          []DeadLetter
+	deadClaims    []Claimed // the claims of dead, in the same order
+}
+
+func (o *outcome) deadLetter(c Claimed, kind, reason string) {
+	o.dead = append(o.dead, DeadLetter{Seq: c.Seq, Kind: kind, Reason: reason})
+	o.deadClaims = append(o.deadClaims, c)
 }
 
 // send delivers a claim in waves: wave i holds the i-th message of every key (and, in wave
@@ -324,14 +340,14 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, out *outcome) {
 				blocked[c.Message.Key] = true
 			}
 			if IsPermanent(err) || c.Attempts >= r.cfg.MaxAttempts {
-				d := DeadLetter{Seq: c.Seq, Kind: deadPermanent, Reason: err.Error()}
+				kind, reason := deadPermanent, err.Error()
 				switch {
 				case errors.Is(err, ErrTooLarge):
-					d.Kind = deadTooLarge
+					kind = deadTooLarge
 				case !IsPermanent(err):
-					d.Kind, d.Reason = deadGaveUp, fmt.Sprintf("gave up after %d attempts: %v", c.Attempts, err)
+					kind, reason = deadGaveUp, fmt.Sprintf("gave up after %d attempts: %v", c.Attempts, err)
 				}
-				out.dead = append(out.dead, d)
+				out.deadLetter(c, kind, reason)
 				continue
 			}
 			delay, ok := RetryDelay(err)
@@ -339,6 +355,7 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, out *outcome) {
 				delay = Backoff(c.Attempts, r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
 			}
 			out.retry = append(out.retry, Retry{Seq: c.Seq, Delay: delay, Error: err.Error()})
+			r.obs.retrying(ctx, c, delay, err)
 		}
 	}
 }
@@ -353,46 +370,23 @@ func (r *Relay) sendBatch(ctx context.Context, batch []Claimed) map[int]error {
 	// would only turn a delivered message into a duplicate later.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SendTimeout)
 	defer cancel()
-	sctx, span := r.startSendSpan(sctx, msgs)
-	defer span.End()
+	sctx, span := r.obs.startSend(sctx, msgs)
+	start := time.Now()
 	err := r.sender.Send(sctx, msgs)
-	if err == nil {
-		return nil
-	}
-	span.RecordError(err)
-	span.SetStatus(codes.Error, err.Error())
-	var be *BatchError
-	if errors.As(err, &be) {
-		return be.Failed
-	}
-	all := make(map[int]error, len(batch))
-	for i := range batch {
-		all[i] = err
-	}
-	return all
-}
-
-// startSendSpan starts the span of one send, linked to the spans that published its
-// messages (their trace context travels in the headers; the messages keep it for the
-// consumer, whose span continues the producer's trace).
-func (r *Relay) startSendSpan(ctx context.Context, msgs []Message) (context.Context, trace.Span) {
-	var links []trace.Link
-	prop := otel.GetTextMapPropagator()
-	for _, m := range msgs {
-		if _, ok := m.Headers["traceparent"]; !ok {
-			continue
-		}
-		sc := trace.SpanContextFromContext(prop.Extract(context.Background(), propagation.MapCarrier(m.Headers)))
-		if sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
+	var failed map[int]error
+	if err != nil {
+		var be *BatchError
+		if errors.As(err, &be) {
+			failed = be.Failed
+		} else {
+			failed = make(map[int]error, len(batch))
+			for i := range batch {
+				failed[i] = err
+			}
 		}
 	}
-	return r.tracer.Start(ctx, "outbox relay send", trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...),
-		trace.WithAttributes(
-			attribute.String("messaging.operation.type", "send"),
-			attribute.Int("messaging.batch.message_count", len(msgs)),
-			attribute.String("outbox.relay", r.cfg.Name),
-		))
+	r.obs.sent(sctx, span, msgs, start, err, failed)
+	return failed
 }
 
 // splitWaves groups claimed messages (in outbox order) so that each wave holds at most one

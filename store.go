@@ -22,8 +22,10 @@ type Store interface {
 	Complete(ctx context.Context, token int64, seqs []int64) error
 	// Retry releases messages for another attempt after their delay, recording the error.
 	Retry(ctx context.Context, token int64, retries []Retry) error
-	// DeadLetter moves messages to the dead-letter table with a reason.
-	DeadLetter(ctx context.Context, token int64, dead []DeadLetter) error
+	// DeadLetter moves messages to the dead-letter table with a reason, and returns the seqs
+	// it moved: those still carrying token (the relay reports exactly these as new dead
+	// letters, to its OnDeadLetter hook, metrics and logs).
+	DeadLetter(ctx context.Context, token int64, dead []DeadLetter) (moved []int64, err error)
 	// Release gives messages back unsent, without counting the attempt (shutdown, or a key
 	// blocked by an earlier failure in the same claim).
 	Release(ctx context.Context, token int64, seqs []int64) error
@@ -89,4 +91,34 @@ type Tables struct {
 	Schema string
 	// Outbox is the outbox table's name and the prefix of the others; "" is "outbox".
 	Outbox string
+}
+
+// StatsReader is implemented by the stores of the SQL adapters (an optional interface of
+// [Store], found by type assertion): it reads the outbox's backlog and dead letters in one
+// statement. The relay samples it for its gauges (txoutbox.outbox.backlog…) once per metric
+// collection, not per event; operators' tools call it directly:
+//
+//	store, _ := outboxpgx.NewStore(pool)
+//	st, err := store.(outbox.StatsReader).Stats(ctx)
+type StatsReader interface {
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// Stats is a snapshot of one outbox: what waits to be delivered and what waits for a person.
+// Its cost is one statement: counts of the undelivered rows and of the pending dead letters
+// (both by index, O(rows counted)), and the oldest of each by index.
+type Stats struct {
+	// Outbox names the outbox table as configured ("outbox", or "schema.outbox").
+	Outbox string
+	// Backlog counts the messages in the outbox not yet delivered: due, leased, or waiting
+	// for a retry.
+	Backlog int64
+	// OldestUndelivered is the CreatedAt of the oldest message in the backlog (the first in
+	// outbox order); zero when the backlog is empty.
+	OldestUndelivered time.Time
+	// DeadLettersPending counts dead letters neither replayed nor discarded.
+	DeadLettersPending int64
+	// OldestPendingDeadLetter is when the oldest pending dead letter last failed; zero when
+	// there is none.
+	OldestPendingDeadLetter time.Time
 }

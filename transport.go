@@ -19,6 +19,22 @@ type Sender interface {
 	Send(ctx context.Context, msgs []Message) error
 }
 
+// Describer is an optional interface of a [Sender], a [Receiver] or a [Delivery]: it names
+// the broker and a message's destination in traces, metrics and logs, as the OpenTelemetry
+// messaging conventions' messaging.system and messaging.destination.name. The relay asks its
+// Sender; the consumer asks each Delivery, then its Receiver (a receiver reading several
+// topics describes its deliveries). Every transport of this repository implements it.
+// Without it, spans are named "send" and "process" and the attributes are left out.
+type Describer interface {
+	// MessagingSystem is the messaging.system value: "aws_sqs", "kafka", "rabbitmq",
+	// "nats", "azure_queue_storage", "memory"…
+	MessagingSystem() string
+	// DestinationName returns where m is sent (a Sender) or where it was received from (a
+	// Receiver or Delivery): the queue, topic, subject or exchange. It is called for each
+	// message while telemetry is on, so it must be cheap; "" when unknown.
+	DestinationName(m Message) string
+}
+
 // Receiver reads messages from a broker for a consumer.
 type Receiver interface {
 	// Receive waits for up to max messages. It may return fewer, or none when its wait

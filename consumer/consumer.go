@@ -15,16 +15,15 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/internal/telemetry"
 )
 
 // Config configures a [Consumer]. Name and DeadLetters are required; other zero fields take
@@ -57,8 +56,27 @@ type Config struct {
 	// as long as the client library waits. A lost ack only means a redelivery, which an
 	// idempotent handler absorbs. Default 5s.
 	AckTimeout time.Duration
-	// Logger receives the consumer's logs. Default slog.Default().
+	// Logger receives the consumer's logs, with the event's id, type, key and attempt (never
+	// its payload); handler failures to be retried are rate-limited (10 lines per 10s, with
+	// the count of those left out). Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider and MeterProvider receive the consumer's spans and metrics. Default:
+	// the global providers (otel.SetTracerProvider…), which do nothing until the
+	// application installs an OpenTelemetry SDK.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// LinkTrace makes each delivery's "process" span the root of a trace of its own, linked
+	// to the span that published the event, instead of its child. The default continues the
+	// producer's trace: one trace from the request that published an event to its handler.
+	// Link when one trace per request would grow too large (a fan-out to many consumers)
+	// or when the producer's sampling decision should not apply here.
+	LinkTrace bool
+	// Middleware wraps every handler, the first outermost: the place for cross-cutting
+	// concerns (a tenant in the context, a timeout, extra logging). See [Middleware].
+	Middleware []Middleware
+	// OnDeadLetter, when set, is called once for each dead letter the consumer writes, after
+	// it is stored: to page someone without polling the table. See [outbox.DeadLettered].
+	OnDeadLetter func(ctx context.Context, d outbox.DeadLettered)
 }
 
 func (c *Config) withDefaults() Config {
@@ -116,8 +134,8 @@ func (c *Config) validate() error {
 type Consumer struct {
 	recv     outbox.Receiver
 	cfg      Config
-	handlers map[string]func(ctx context.Context, m outbox.Message) error
-	tracer   trace.Tracer
+	handlers map[string]MessageHandler
+	obs      consumerTelemetry
 	running  sync.Mutex
 
 	mu    sync.Mutex
@@ -134,13 +152,14 @@ func New(r outbox.Receiver, cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{
+	cons := &Consumer{
 		recv:     r,
 		cfg:      c,
-		handlers: map[string]func(context.Context, outbox.Message) error{},
-		tracer:   otel.Tracer("github.com/txoutbox/outbox/consumer"),
+		handlers: map[string]MessageHandler{},
 		keyed:    map[string][]outbox.Delivery{},
-	}, nil
+	}
+	cons.obs.init(&cons.cfg, r)
+	return cons, nil
 }
 
 // Handler handles one event. Return nil when done (the message is acknowledged), an error
@@ -159,14 +178,38 @@ func Handle[T outbox.Payload](c *Consumer, h Handler[T]) {
 	if _, dup := c.handlers[typ]; dup {
 		panic(fmt.Sprintf("consumer: a handler for %q is already registered", typ))
 	}
-	c.handlers[typ] = func(ctx context.Context, m outbox.Message) error {
+	var mh MessageHandler = func(ctx context.Context, m outbox.Message) error {
 		e, err := outbox.Decode[T](m)
 		if err != nil {
 			return outbox.Permanent(&undecodable{err})
 		}
 		return h(ctx, e)
 	}
+	for i := len(c.cfg.Middleware) - 1; i >= 0; i-- {
+		mh = c.cfg.Middleware[i](mh)
+	}
+	c.handlers[typ] = mh
 }
+
+// MessageHandler handles one message of a registered event type, before it is decoded: the
+// form that [Middleware] wraps. Its error means what a [Handler]'s does.
+type MessageHandler func(ctx context.Context, m outbox.Message) error
+
+// Middleware wraps a handler with behaviour of its own, like net/http middleware: it calls
+// next to run the handler (or does not, to skip it) and may change the context and the
+// error. The consumer's process span is already in ctx, and a panic is recovered as a
+// permanent error wherever it happens. For example, a deadline per handler:
+//
+//	func Timeout(d time.Duration) consumer.Middleware {
+//		return func(next consumer.MessageHandler) consumer.MessageHandler {
+//			return func(ctx context.Context, m outbox.Message) error {
+//				ctx, cancel := context.WithTimeout(ctx, d)
+//				defer cancel()
+//				return next(ctx, m)
+//			}
+//		}
+//	}
+type Middleware func(next MessageHandler) MessageHandler
 
 // undecodable marks the error of a body that does not decode into the handler's type.
 type undecodable struct{ err error }
@@ -184,16 +227,36 @@ type Info struct {
 
 type infoKey struct{}
 
+// running is what Run puts in a handler's context: the delivery's Info, and whether the
+// handler reported it as a duplicate.
+type running struct {
+	info      Info
+	duplicate atomic.Bool
+}
+
 // InfoFrom returns the delivery info that Run puts in handler contexts; idempotency
 // wrappers read the consumer's name from it.
 func InfoFrom(ctx context.Context) (Info, bool) {
-	i, ok := ctx.Value(infoKey{}).(Info)
-	return i, ok
+	r, ok := ctx.Value(infoKey{}).(*running)
+	if !ok {
+		return Info{}, false
+	}
+	return r.info, true
 }
 
 // WithInfo returns ctx carrying i, for calling handlers outside Run (tests).
 func WithInfo(ctx context.Context, i Info) context.Context {
-	return context.WithValue(ctx, infoKey{}, i)
+	return context.WithValue(ctx, infoKey{}, &running{info: i})
+}
+
+// MarkDuplicate tells the consumer running ctx's handler that the event was handled before
+// (an inbox hit): the delivery is counted as a duplicate instead of handled. The
+// idempotency package's wrappers call it; a handler that detects duplicates itself may too.
+// Outside a consumer's handler it does nothing.
+func MarkDuplicate(ctx context.Context) {
+	if r, ok := ctx.Value(infoKey{}).(*running); ok {
+		r.duplicate.Store(true)
+	}
 }
 
 // Run receives and handles messages until ctx ends, then waits for handlers in flight (up to
@@ -249,7 +312,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			failures++
 			wait := outbox.Backoff(failures, 100*time.Millisecond, 10*time.Second)
-			c.cfg.Logger.Error("consumer: receive failed", "consumer", c.cfg.Name, "err", err, "retry_in", wait)
+			c.obs.log.ErrorContext(ctx, "consumer: receive failed", "err", err, "retry_in", wait)
 			select {
 			case <-ctx.Done():
 			case <-time.After(wait):
@@ -305,67 +368,67 @@ func (c *Consumer) dispatch(ctx context.Context, d outbox.Delivery, slots chan s
 
 // handle runs one delivery to its end: ack, nack with a delay, or dead letter and ack.
 func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
-	log := c.cfg.Logger.With("consumer", c.cfg.Name)
+	start := time.Now()
 	attempt := d.Attempt()
 	m, err := d.Message()
+	dest := c.obs.destination(d, m)
 	if err != nil {
-		c.deadLetter(ctx, d, malformed(m, err), attempt)
+		c.deadLetter(ctx, d, malformed(m, err), attempt, dest)
 		return
 	}
-	ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(m.Headers))
-	ctx, span := c.tracer.Start(ctx, "process "+m.Type, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.message.id", m.ID.String()),
-			attribute.String("messaging.consumer.group.name", c.cfg.Name),
-			attribute.Int("messaging.message.delivery_count", attempt),
-		))
-	defer span.End()
-
+	ctx, span := c.obs.startProcess(ctx, m, dest, attempt)
 	h, ok := c.handlers[m.Type]
 	if !ok {
 		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: deadletter.KindUnknownType,
-			Reason: fmt.Sprintf("no handler for event type %q", m.Type)}, attempt)
+			Reason: fmt.Sprintf("no handler for event type %q", m.Type)}, attempt, dest)
+		span.End()
 		return
 	}
-	err = callHandler(WithInfo(ctx, Info{Consumer: c.cfg.Name, Attempt: attempt}), h, m)
+	run := &running{info: Info{Consumer: c.cfg.Name, Attempt: attempt}}
+	err = callHandler(context.WithValue(ctx, infoKey{}, run), h, m)
+	c.obs.processed(ctx, span, m, dest, start, err)
+	defer span.End()
 	if err == nil {
+		outcome := telemetry.Handled
+		if run.duplicate.Load() {
+			outcome = telemetry.Duplicate
+		}
+		c.obs.settled(ctx, m, dest, outcome)
 		if err := c.ack(ctx, d); err != nil {
 			// Redelivery follows; an idempotent handler absorbs it.
-			log.Warn("consumer: ack failed", "event_id", m.ID, "err", err)
+			c.obs.logFailure(ctx, "consumer: ack failed", m, attempt, err)
 		}
 		return
 	}
-	span.RecordError(err)
-	span.SetStatus(codes.Error, err.Error())
 	switch {
 	case ctx.Err() != nil:
 		// Shutting down: leave the message to its visibility timeout, unacknowledged.
-		log.Info("consumer: handler interrupted by shutdown", "event_id", m.ID)
+		c.obs.log.LogAttrs(ctx, slog.LevelInfo, "consumer: handler interrupted by shutdown", eventAttrs(m, attempt)...)
 	case outbox.IsPermanent(err):
 		kind := deadletter.KindPermanent
 		if errors.As(err, new(*undecodable)) {
 			kind = deadletter.KindUndecodable
 		}
-		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: kind, Reason: err.Error()}, attempt)
+		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: kind, Reason: err.Error()}, attempt, dest)
 	case attempt >= c.cfg.MaxAttempts:
 		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: deadletter.KindGaveUp,
-			Reason: fmt.Sprintf("gave up after %d attempts: %v", attempt, err)}, attempt)
+			Reason: fmt.Sprintf("gave up after %d attempts: %v", attempt, err)}, attempt, dest)
 	default:
 		delay, ok := outbox.RetryDelay(err)
 		if !ok {
 			delay = outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
 		}
-		log.Warn("consumer: handler failed, will retry", "event_id", m.ID, "type", m.Type, "attempt", attempt, "retry_in", delay, "err", err)
+		c.obs.settled(ctx, m, dest, telemetry.Failed)
+		c.obs.retrying(ctx, m, attempt, delay, err)
 		if err := c.nack(ctx, d, delay); err != nil {
-			log.Warn("consumer: nack failed; the message reappears after its visibility timeout", "event_id", m.ID, "err", err)
+			c.obs.logFailure(ctx, "consumer: nack failed; the message reappears after its visibility timeout", m, attempt, err)
 		}
 	}
 }
 
 // callHandler runs h, turning a panic into a permanent error so one bad event cannot crash
 // the consumer.
-func callHandler(ctx context.Context, h func(context.Context, outbox.Message) error, m outbox.Message) (err error) {
+func callHandler(ctx context.Context, h MessageHandler, m outbox.Message) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = outbox.Permanent(fmt.Errorf("handler panicked: %v", p))
@@ -393,24 +456,32 @@ func malformed(partial outbox.Message, err error) deadletter.Entry {
 // deadLetter records e (the entry of d, Stage, Consumer, Attempts and times filled in here)
 // and acknowledges d. The table stores any content (see the deadletter package), so a
 // failure means it is unreachable: d is then retried with backoff.
-func (c *Consumer) deadLetter(ctx context.Context, d outbox.Delivery, e deadletter.Entry, attempt int) {
+func (c *Consumer) deadLetter(ctx context.Context, d outbox.Delivery, e deadletter.Entry, attempt int, dest string) {
 	now := time.Now().UTC()
 	e.Stage, e.Consumer, e.Attempts, e.FirstFailedAt, e.LastFailedAt = deadletter.StageConsumer, c.cfg.Name, attempt, now, now
 	err := c.cfg.DeadLetters.Add(ctx, e)
-	m, reason := e.Message, e.Reason
-	log := c.cfg.Logger.With("consumer", c.cfg.Name, "event_id", m.ID, "type", m.Type, "kind", e.Kind)
+	m := e.Message
+	attrs := append(eventAttrs(m, attempt), slog.String("kind", string(e.Kind)), slog.String("reason", e.Reason))
 	if e.BrokerMessageID != "" {
-		log = log.With("broker_message_id", e.BrokerMessageID)
+		attrs = append(attrs, slog.String("broker_message_id", e.BrokerMessageID))
 	}
 	if err != nil {
-		log.Error("consumer: writing a dead letter failed; will retry the message", "reason", reason, "err", err)
+		c.obs.log.LogAttrs(ctx, slog.LevelError, "consumer: writing a dead letter failed; will retry the message", append(attrs, slog.Any("err", err))...)
+		c.obs.settled(ctx, m, dest, telemetry.Failed)
 		_ = c.nack(ctx, d, outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff))
 		return
 	}
-	log.Warn("consumer: message dead-lettered", "reason", reason, "attempts", attempt)
+	c.obs.log.LogAttrs(ctx, slog.LevelError, "consumer: message dead-lettered", attrs...)
+	c.obs.deadLettered(ctx, e, dest)
 	if err := c.ack(ctx, d); err != nil {
-		log.Warn("consumer: ack of a dead-lettered message failed", "err", err)
+		c.obs.logFailure(ctx, "consumer: ack of a dead-lettered message failed", m, attempt, err)
 	}
+}
+
+// eventAttrs are the log attributes of a delivery: the event's identity, never its payload.
+func eventAttrs(m outbox.Message, attempt int) []slog.Attr {
+	return []slog.Attr{slog.String("event_id", m.ID.String()), slog.String("type", m.Type),
+		slog.String("key", m.Key), slog.Int("attempt", attempt)}
 }
 
 // ack and nack settle d within AckTimeout.

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/consumer"
 )
 
 // GroupConfig configures a [Group]; nil means the defaults.
@@ -256,9 +257,10 @@ func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) err
 	for i, it := range batch {
 		keys[i] = it.key
 	}
-	return g.in.InTx(ctx, func(tx TTx) error {
-		fresh, err := g.in.RecordMany(ctx, tx, keys)
-		if err != nil {
+	var fresh []bool
+	err := g.in.InTx(ctx, func(tx TTx) error {
+		var err error
+		if fresh, err = g.in.RecordMany(ctx, tx, keys); err != nil {
 			return err
 		}
 		for i, it := range batch {
@@ -271,6 +273,14 @@ func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) err
 		}
 		return nil
 	})
+	if err == nil { // only a committed batch's duplicates are final
+		for i, it := range batch {
+			if !fresh[i] {
+				consumer.MarkDuplicate(it.ctx)
+			}
+		}
+	}
+	return err
 }
 
 // callTx runs h, turning a panic into an error so the batch rolls back and every event in it

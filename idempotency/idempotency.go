@@ -144,13 +144,19 @@ func Once[TTx any, T outbox.Payload](in Inbox[TTx], h TxHandler[TTx, T]) consume
 		if err != nil {
 			return err
 		}
-		return in.InTx(ctx, func(tx TTx) error {
+		duplicate := false
+		err = in.InTx(ctx, func(tx TTx) error {
 			fresh, err := in.Record(ctx, tx, key)
 			if err != nil || !fresh {
+				duplicate = err == nil
 				return err // a duplicate: handled before
 			}
 			return h(ctx, tx, e)
 		})
+		if err == nil && duplicate {
+			consumer.MarkDuplicate(ctx)
+		}
+		return err
 	}
 }
 
@@ -167,6 +173,9 @@ func SkipSeen[TTx any, T outbox.Payload](in Inbox[TTx], h consumer.Handler[T]) c
 		}
 		seen, err := in.Seen(ctx, key)
 		if err != nil || seen {
+			if seen {
+				consumer.MarkDuplicate(ctx)
+			}
 			return err
 		}
 		if err := h(ctx, e); err != nil {

@@ -3,78 +3,70 @@ package outboxpgx_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/consumer"
+
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest/oteltest"
+	"github.com/txoutbox/outbox/outboxtest"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
 
-// TestTraceFollowsTheEvent: the span that published an event is linked from the relay's
-// send span and continued by the consumer's span — one trace from request to handler.
+// TestTraceFollowsTheEvent: on the memory transport, one trace from the request that
+// published an event to the handler (oteltest.ExerciseTrace).
 func TestTraceFollowsTheEvent(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
-	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	t.Cleanup(func() { otel.SetTracerProvider(prevTP); otel.SetTextMapPropagator(prevProp) })
+	t.Parallel()
+	o := pgxtest.New(t, "outboxpgx_trace")
+	q := outboxmem.New(&outboxmem.Config{Name: "notes"})
+	f := o.Pipeline(t, q, q)
+	f.RetryBackoff = 10 * time.Millisecond
+	oteltest.ExerciseTrace(t, &oteltest.TraceFixture{PipelineFixture: f})
+}
 
-	o := newTestOutbox(t)
-	ctx, request := tp.Tracer("app").Start(context.Background(), "POST /orders")
-	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, outbox.New(outboxtestNote{N: 1})) }); err != nil {
-		t.Fatal(err)
+// TestSendSpanLinksEveryPublisher: a send of 300 events published by 300 requests links to
+// all of them, spread over spans of at most 128 links (the SDK's default limit), none
+// dropped.
+func TestSendSpanLinksEveryPublisher(t *testing.T) {
+	t.Parallel()
+	tp, rec := oteltest.Tracing(t)
+	o := pgxtest.New(t, "outboxpgx_links")
+	want := map[trace.SpanID]bool{}
+	for i := range 300 {
+		ctx, span := tp.Tracer("app").Start(context.Background(), "request")
+		if err := pgx.BeginFunc(ctx, o.Pool, func(tx pgx.Tx) error {
+			return o.Publish(ctx, tx, outbox.New(outboxtest.Note{N: i}))
+		}); err != nil {
+			t.Fatal(err)
+		}
+		span.End()
+		want[span.SpanContext().SpanID()] = true
 	}
-	request.End()
-	want := request.SpanContext()
-
-	q := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(o.store(t), q, nil)
+	relay, err := outbox.NewRelay(o.Store(t), outboxmem.New(nil), &outbox.RelayConfig{TracerProvider: tp, BatchSize: 500})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := relay.RunOnce(context.Background()); n != 1 || err != nil {
+	if n, err := relay.RunOnce(context.Background()); n != 300 || err != nil {
 		t.Fatalf("relay: %d, %v", n, err)
 	}
-
-	c, err := consumer.New(q, &consumer.Config{Name: "tracer", DeadLetters: o.deadLetters(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan trace.SpanContext, 1)
-	consumer.Handle(c, func(ctx context.Context, e outbox.Event[outboxtestNote]) error {
-		got <- trace.SpanContextFromContext(ctx)
-		return nil
-	})
-	cctx, stop := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- c.Run(cctx) }()
-	handler := <-got
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if handler.TraceID() != want.TraceID() {
-		t.Fatalf("handler runs in trace %s, want the request's %s", handler.TraceID(), want.TraceID())
-	}
-	var linked bool
+	got := map[trace.SpanID]bool{}
+	spans := 0
 	for _, s := range rec.Ended() {
-		if s.Name() == "outbox relay send" {
-			for _, l := range s.Links() {
-				linked = linked || l.SpanContext.SpanID() == want.SpanID()
-			}
+		if s.SpanKind() != trace.SpanKindProducer {
+			continue
 		}
-		if s.Name() == "process outboxpgx_test.note" && s.Parent().SpanID() != want.SpanID() {
-			t.Errorf("consumer span's parent is %s, want the request span %s", s.Parent().SpanID(), want.SpanID())
+		spans++
+		if len(s.Links()) > 128 || s.DroppedLinks() > 0 {
+			t.Errorf("span %q has %d links and dropped %d", s.Name(), len(s.Links()), s.DroppedLinks())
+		}
+		for _, l := range s.Links() {
+			got[l.SpanContext.SpanID()] = true
 		}
 	}
-	if !linked {
-		t.Fatal("the relay's send span is not linked to the request span")
+	if spans != 3 || len(got) != len(want) {
+		t.Fatalf("%d send spans link %d publishers, want 3 spans linking all %d", spans, len(got), len(want))
 	}
 }

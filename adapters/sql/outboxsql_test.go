@@ -465,8 +465,8 @@ func TestRelayDeadLetterRoundTrip(t *testing.T) {
 				t.Fatalf("second claim: %+v, %v", c, err)
 			}
 			before := time.Now().Add(-time.Minute)
-			if err := store.DeadLetter(ctx, 4, []outbox.DeadLetter{{Seq: c[0].Seq, Reason: "broker says no"}}); err != nil {
-				t.Fatal(err)
+			if moved, err := store.DeadLetter(ctx, 4, []outbox.DeadLetter{{Seq: c[0].Seq, Reason: "broker says no"}}); err != nil || len(moved) != 1 || moved[0] != c[0].Seq {
+				t.Fatalf("DeadLetter moved %v (%v), want [%d]", moved, err, c[0].Seq)
 			}
 			dl, err := o.NewDeadLetters(o.DB)
 			if err != nil {

@@ -5,14 +5,16 @@ import (
 	"fmt"
 	"reflect"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/telemetry"
 )
 
 // Encode turns the events of one Publish call into messages, carrying ctx's trace context
-// (traceparent, tracestate) in each message's headers unless the event set its own. Every
+// (traceparent, tracestate: W3C Trace Context, the CloudEvents distributed-tracing
+// extension, plus what the global propagator adds) in each message's headers unless the
+// event set its own. Every
 // adapter's Publish starts here, so an event that cannot be encoded, or that breaks the
 // rules of outbox.Message (checked here whatever Encodable produced it), fails before any
 // SQL runs. Nothing in it panics: a nil Encodable, or one whose Encode panics, is an error
@@ -30,7 +32,7 @@ func Encode(ctx context.Context, events []outbox.Encodable) ([]outbox.Message, e
 		}
 		if trace == nil {
 			trace = propagation.MapCarrier{}
-			otel.GetTextMapPropagator().Inject(ctx, trace)
+			telemetry.Propagator.Inject(ctx, trace)
 		}
 		for k, v := range trace {
 			if _, set := m.Headers[k]; !set {

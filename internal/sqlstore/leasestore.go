@@ -35,6 +35,10 @@ type leaseStore struct {
 	key string
 }
 
+func (s *leaseStore) Stats(ctx context.Context) (outbox.Stats, error) {
+	return readStats(ctx, s.db, s.n)
+}
+
 func (s *leaseStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
 	if p.Limit <= 0 {
 		return nil, nil
@@ -81,9 +85,9 @@ func (s *leaseStore) Retry(ctx context.Context, token int64, retries []outbox.Re
 // DeadLetter moves the rows to the dead-letter table in one transaction: take locks, reads
 // and deletes them, and they are inserted made storable (see dlWriter.moveDeadLetters). The
 // first statement locks the rows, so they stay this claim's until it commits.
-func (s *leaseStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) error {
+func (s *leaseStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) ([]int64, error) {
 	if len(dead) == 0 {
-		return nil
+		return nil, nil
 	}
 	return s.dl.moveDeadLetters(ctx, s.db, dead, func(ctx context.Context, q Querier) ([]failedRow, error) {
 		return s.take(ctx, q, token, deadSeqs(dead))

@@ -107,6 +107,8 @@ type pgStore struct {
 	n  *Names
 }
 
+func (s *pgStore) Stats(ctx context.Context) (outbox.Stats, error) { return readStats(ctx, s.db, s.n) }
+
 func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
 	rows, err := s.db.Query(ctx, "SELECT * FROM "+s.n.ClaimFunc+"($1, $2, $3, $4)",
 		p.Owner, p.Token, p.Limit, p.Lease.Milliseconds())
@@ -157,9 +159,9 @@ UPDATE `+s.n.Outbox+` AS o
 
 // DeadLetter moves the rows to the dead-letter table in one transaction: the delete returns
 // them, and they are inserted made storable (see dlWriter.moveDeadLetters).
-func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) error {
+func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) ([]int64, error) {
 	if len(dead) == 0 {
-		return nil
+		return nil, nil
 	}
 	return pgDeadLetterWriter(s.n).moveDeadLetters(ctx, s.db, dead, func(ctx context.Context, q Querier) ([]failedRow, error) {
 		rows, err := q.Query(ctx, s.fence()+`

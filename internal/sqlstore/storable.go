@@ -308,19 +308,22 @@ func (w *dlWriter) add(ctx context.Context, db Querier, e deadletter.Entry) erro
 // leniently, so an unreadable row keeps its raw values. If the table refuses the rows,
 // the transaction is run again with their minimal forms.
 func (w *dlWriter) moveDeadLetters(ctx context.Context, db DB, dead []outbox.DeadLetter,
-	take func(ctx context.Context, q Querier) ([]failedRow, error)) error {
+	take func(ctx context.Context, q Querier) ([]failedRow, error)) ([]int64, error) {
 	byseq := make(map[int64]outbox.DeadLetter, len(dead))
 	for _, d := range dead {
 		byseq[d.Seq] = d
 	}
+	var moved []int64
 	run := func(refused error) error {
 		return inTxReadCommitted(ctx, db, func(q Querier) error {
 			taken, err := take(ctx, q)
+			moved = moved[:0]
 			if err != nil || len(taken) == 0 {
 				return err
 			}
 			rows := make([]dlRow, len(taken))
 			for i, t := range taken {
+				moved = append(moved, t.seq)
 				e := t.entry(byseq[t.seq])
 				if refused == nil {
 					rows[i] = storableRow(e, w.lim)
@@ -332,13 +335,16 @@ func (w *dlWriter) moveDeadLetters(ctx context.Context, db DB, dead []outbox.Dea
 		})
 	}
 	err := run(nil)
-	if err == nil || ctx.Err() != nil {
-		return err
+	if err == nil {
+		return moved, nil
+	}
+	if ctx.Err() != nil {
+		return nil, err
 	}
 	if err2 := run(err); err2 != nil {
-		return fmt.Errorf("moving %d row(s) to the dead-letter table: %w (their minimal forms failed too: %v)", len(dead), err, err2)
+		return nil, fmt.Errorf("moving %d row(s) to the dead-letter table: %w (their minimal forms failed too: %v)", len(dead), err, err2)
 	}
-	return nil
+	return moved, nil
 }
 
 // outboxRow is one outbox row as the database returned it, before it is parsed, so that a

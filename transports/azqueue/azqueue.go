@@ -166,3 +166,6 @@ func decode(messageID, text string) (outbox.Message, error) {
 	}
 	return m, nil
 }
+
+// messagingSystem is the messaging.system value of Azure Queue Storage.
+const messagingSystem = "azure_queue_storage"

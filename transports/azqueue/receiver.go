@@ -304,3 +304,9 @@ var (
 	_ outbox.Receiver = (*Receiver)(nil)
 	_ outbox.Delivery = (*delivery)(nil)
 )
+
+// MessagingSystem returns "azure_queue_storage", for telemetry ([outbox.Describer]).
+func (r *Receiver) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the queue the Receiver reads.
+func (r *Receiver) DestinationName(outbox.Message) string { return r.queue }

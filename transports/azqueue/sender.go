@@ -232,3 +232,15 @@ func (s *Sender) enqueue(ctx context.Context, m outbox.Message, queue, text stri
 }
 
 var _ outbox.Sender = (*Sender)(nil)
+
+// MessagingSystem returns "azure_queue_storage", for telemetry ([outbox.Describer]; the
+// OpenTelemetry conventions name no value for Queue Storage).
+func (s *Sender) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the queue m is sent to ("" when it has no route).
+func (s *Sender) DestinationName(m outbox.Message) string {
+	if q, ok := s.cfg.Routes[m.Type]; ok {
+		return q
+	}
+	return s.cfg.DefaultQueue
+}

@@ -586,3 +586,21 @@ func (d *delivery) describe() string {
 }
 
 var _ outbox.Receiver = (*Receiver)(nil)
+
+// MessagingSystem returns "kafka", for telemetry ([outbox.Describer]).
+func (r *Receiver) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the Receiver's topic when it reads one; each delivery names its
+// own topic.
+func (r *Receiver) DestinationName(outbox.Message) string {
+	if len(r.cfg.Topics) == 1 {
+		return r.cfg.Topics[0]
+	}
+	return ""
+}
+
+// MessagingSystem returns "kafka".
+func (d *delivery) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the topic of the record.
+func (d *delivery) DestinationName(outbox.Message) string { return d.rc.rec.Topic }

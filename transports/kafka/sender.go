@@ -291,3 +291,17 @@ func Features(ctx context.Context, s *Sender, topic string) outbox.TransportFeat
 	limit, _ := s.MaxMessageBytes(ctx, topic)
 	return outbox.TransportFeatures{FIFO: true, Batch: true, Delay: true, MaxMessageBytes: limit}
 }
+
+// messagingSystem is Kafka's messaging.system in the OpenTelemetry conventions.
+const messagingSystem = "kafka"
+
+// MessagingSystem returns "kafka", for telemetry ([outbox.Describer]).
+func (s *Sender) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the topic m is produced to ("" when it has no route).
+func (s *Sender) DestinationName(m outbox.Message) string {
+	if t, ok := s.cfg.Routes[m.Type]; ok {
+		return t
+	}
+	return s.cfg.Topic
+}

@@ -16,6 +16,8 @@ import (
 
 // Config configures a [Queue]; nil means the defaults.
 type Config struct {
+	// Name names the queue in traces and metrics (messaging.destination.name). Optional.
+	Name string
 	// FIFO delivers a key's messages one at a time in send order: the next is not received
 	// while one is in flight.
 	FIFO bool
@@ -256,3 +258,9 @@ var (
 	_ outbox.Sender   = (*Queue)(nil)
 	_ outbox.Receiver = (*Queue)(nil)
 )
+
+// MessagingSystem returns "memory", for telemetry ([outbox.Describer]).
+func (q *Queue) MessagingSystem() string { return "memory" }
+
+// DestinationName returns the queue's Name (Config.Name), "" by default.
+func (q *Queue) DestinationName(outbox.Message) string { return q.cfg.Name }

@@ -282,3 +282,21 @@ func (d *delivery) describe() string {
 }
 
 var _ outbox.Receiver = (*Receiver)(nil)
+
+// MessagingSystem returns "nats", for telemetry ([outbox.Describer]).
+func (r *Receiver) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the stream the Receiver's consumer reads; each delivery names
+// its own subject.
+func (r *Receiver) DestinationName(outbox.Message) string {
+	if info := r.c.CachedInfo(); info != nil {
+		return info.Stream
+	}
+	return ""
+}
+
+// MessagingSystem returns "nats".
+func (d *delivery) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the subject the message was published to.
+func (d *delivery) DestinationName(outbox.Message) string { return d.msg.Subject() }

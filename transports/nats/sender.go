@@ -153,15 +153,7 @@ func (s *Sender) limit() (int, string) {
 // SubjectFor returns the subject a message is published to, or an error if the routing
 // gives an invalid subject for it.
 func (s *Sender) SubjectFor(m outbox.Message) (string, error) {
-	var subj string
-	switch {
-	case s.cfg.Subject != nil:
-		subj = s.cfg.Subject(m)
-	case s.cfg.Subjects[m.Type] != "":
-		subj = s.cfg.Subjects[m.Type]
-	default:
-		subj = s.prefix + m.Type
-	}
+	subj := s.subject(m)
 	if err := checkSubject(subj); err != nil {
 		return "", outbox.Permanent(fmt.Errorf("outboxnats: message %s (type %q) routes to subject %q: %w", m.ID, m.Type, subj, err))
 	}
@@ -384,3 +376,24 @@ func formatBytes(n int) string {
 }
 
 var _ outbox.Sender = (*Sender)(nil)
+
+// subject routes m, unchecked.
+func (s *Sender) subject(m outbox.Message) string {
+	switch {
+	case s.cfg.Subject != nil:
+		return s.cfg.Subject(m)
+	case s.cfg.Subjects[m.Type] != "":
+		return s.cfg.Subjects[m.Type]
+	default:
+		return s.prefix + m.Type
+	}
+}
+
+// messagingSystem is NATS's messaging.system value (the OpenTelemetry conventions name none).
+const messagingSystem = "nats"
+
+// MessagingSystem returns "nats", for telemetry ([outbox.Describer]).
+func (s *Sender) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the subject m is published to.
+func (s *Sender) DestinationName(m outbox.Message) string { return s.subject(m) }

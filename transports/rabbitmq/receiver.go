@@ -515,3 +515,9 @@ func (r *Receiver) dropRetryChannel(pc *pubChannel) {
 }
 
 var _ outbox.Receiver = (*Receiver)(nil)
+
+// MessagingSystem returns "rabbitmq", for telemetry ([outbox.Describer]).
+func (r *Receiver) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the queue the Receiver consumes.
+func (r *Receiver) DestinationName(outbox.Message) string { return r.cfg.Queue }

@@ -419,3 +419,18 @@ func (s *Sender) release(pc *pubChannel, clean bool) {
 }
 
 var _ outbox.Sender = (*Sender)(nil)
+
+// messagingSystem is RabbitMQ's messaging.system in the OpenTelemetry conventions.
+const messagingSystem = "rabbitmq"
+
+// MessagingSystem returns "rabbitmq", for telemetry ([outbox.Describer]).
+func (s *Sender) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the exchange messages are published to ("amq.default" for the
+// default exchange), as the OpenTelemetry conventions name a RabbitMQ destination.
+func (s *Sender) DestinationName(outbox.Message) string {
+	if s.cfg.Exchange == "" {
+		return "amq.default"
+	}
+	return s.cfg.Exchange
+}

@@ -190,3 +190,6 @@ func parseQueue(raw string) (*queue, error) {
 	}
 	return &queue{url: raw, name: name, fifo: fifo}, nil
 }
+
+// messagingSystem is SQS's messaging.system in the OpenTelemetry conventions.
+const messagingSystem = "aws_sqs"

@@ -161,3 +161,9 @@ func (d *delivery) describe() string {
 }
 
 var _ outbox.Receiver = (*Receiver)(nil)
+
+// MessagingSystem returns "aws_sqs", for telemetry ([outbox.Describer]).
+func (r *Receiver) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the name of the queue the Receiver reads.
+func (r *Receiver) DestinationName(outbox.Message) string { return r.q.name }

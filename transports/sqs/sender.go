@@ -242,3 +242,17 @@ func entryError(m outbox.Message, q *queue, f types.BatchResultErrorEntry) error
 }
 
 var _ outbox.Sender = (*Sender)(nil)
+
+// MessagingSystem returns "aws_sqs", for telemetry ([outbox.Describer]).
+func (s *Sender) MessagingSystem() string { return messagingSystem }
+
+// DestinationName returns the name of the queue m is sent to ("" when it has no route).
+func (s *Sender) DestinationName(m outbox.Message) string {
+	if q, ok := s.routes[m.Type]; ok {
+		return q.name
+	}
+	if s.def != nil {
+		return s.def.name
+	}
+	return ""
+}

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/outbox"
@@ -136,6 +137,22 @@ func (o *Outbox) Commit(t testing.TB, events ...outbox.Encodable) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Pipeline returns the fixture of a whole pipeline over this outbox, for the suites of
+// outboxtest: its Publish commits the events in one transaction on the caller's context
+// (which carries the trace context that Publish stores).
+func (o *Outbox) Pipeline(t testing.TB, s outbox.Sender, r outbox.Receiver) *outboxtest.PipelineFixture {
+	t.Helper()
+	return &outboxtest.PipelineFixture{
+		Store: o.Store(t),
+		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
+			return pgx.BeginFunc(ctx, o.Pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, events...) })
+		},
+		Sender:      s,
+		Receiver:    r,
+		DeadLetters: o.DeadLetters(t),
 	}
 }
 

@@ -1,0 +1,44 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/txoutbox/outbox"
+)
+
+// statsSQL reads an outbox's backlog and pending dead letters in one statement, the same on
+// every dialect: the oldest undelivered row by the primary key (seq order is insert order),
+// the pending dead letters and their oldest by the (status, last_failed_at) index. The
+// counts cost O(rows counted); the gauges sample it once per collection, not per event.
+func statsSQL(n *Names) string {
+	return "SELECT (SELECT count(*) FROM " + n.Outbox + "), " +
+		"(SELECT created_at FROM " + n.Outbox + " ORDER BY seq LIMIT 1), " +
+		"(SELECT count(*) FROM " + n.DeadLetters + " WHERE status = 'pending'), " +
+		"(SELECT min(last_failed_at) FROM " + n.DeadLetters + " WHERE status = 'pending')"
+}
+
+// readStats is every dialect store's outbox.StatsReader.
+func readStats(ctx context.Context, q Querier, n *Names) (outbox.Stats, error) {
+	st := outbox.Stats{Outbox: n.Prefix}
+	if n.Schema != "" {
+		st.Outbox = n.Schema + "." + n.Prefix
+	}
+	rows, err := q.Query(ctx, statsSQL(n))
+	if err != nil {
+		return st, fmt.Errorf("reading the stats of %s: %w", st.Outbox, err)
+	}
+	defer rows.Close()
+	var oldest, oldestDead anyTime
+	if rows.Next() {
+		err = rows.Scan(&st.Backlog, &oldest, &st.DeadLettersPending, &oldestDead)
+	}
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return st, fmt.Errorf("reading the stats of %s: %w", st.Outbox, err)
+	}
+	st.OldestUndelivered, st.OldestPendingDeadLetter = oldest.t, oldestDead.t
+	return st, nil
+}

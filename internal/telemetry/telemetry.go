@@ -1,0 +1,268 @@
+// Package telemetry is what the relay and the consumer share to trace, measure and log:
+// the OpenTelemetry scope, the propagator of the CloudEvents distributed-tracing extension,
+// the instruments (semantic-convention names where they exist, txoutbox.* where not), a
+// cache of attribute sets so a busy pipeline does not allocate per event, and a rate limit
+// for logs that a failure storm would otherwise repeat per event.
+//
+// Everything here uses the OpenTelemetry API only: with no SDK installed, instruments report
+// Enabled false and spans do not record, and callers skip the work.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Scope is the instrumentation scope of every tracer and meter of txoutbox.
+const Scope = "github.com/txoutbox/outbox"
+
+// Propagator reads and writes the trace context in an event's headers. It always uses W3C
+// Trace Context (traceparent, tracestate: the CloudEvents distributed-tracing extension),
+// whatever the application installed, then the global propagator (baggage, or another
+// format the application asked for).
+var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(
+	propagation.TraceContext{}, otel.GetTextMapPropagator())
+
+// Tracer returns the txoutbox tracer of tp, or of the global provider when tp is nil.
+func Tracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return tp.Tracer(Scope)
+}
+
+// Meter returns the txoutbox meter of mp, or of the global provider when mp is nil.
+func Meter(mp metric.MeterProvider) metric.Meter {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	return mp.Meter(Scope)
+}
+
+// Attribute keys of txoutbox's own metrics and spans.
+const (
+	// OutcomeKey is how the consumer settled a delivery: "handled", "duplicate", "failed"
+	// (nacked for a retry) or "dead_lettered".
+	OutcomeKey = attribute.Key("txoutbox.outcome")
+	// StageKey is where a dead letter came from: "relay" or "consumer".
+	StageKey = attribute.Key("txoutbox.stage")
+	// KindKey is a dead letter's kind (deadletter.Kind).
+	KindKey = attribute.Key("txoutbox.dead_letter.kind")
+	// OutboxKey names the outbox table of a gauge.
+	OutboxKey = attribute.Key("txoutbox.outbox")
+	// RelayKey names the relay of a span.
+	RelayKey = attribute.Key("txoutbox.relay")
+	// OtherType stands for an event type that no handler is registered for, so a stream of
+	// foreign or malformed messages cannot grow the metrics' cardinality without bound.
+	OtherType = "_OTHER"
+)
+
+// Outcomes of a consumer delivery.
+const (
+	Handled      = "handled"
+	Duplicate    = "duplicate"
+	Failed       = "failed"
+	DeadLettered = "dead_lettered"
+)
+
+// durationBuckets are the semantic conventions' advice for messaging durations, in seconds.
+var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+
+// latencyBuckets reach further: an event may wait for a retry or a relay outage.
+var latencyBuckets = []float64{0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+
+// Instruments are the metrics of the relay and the consumer (see the README's table).
+type Instruments struct {
+	// Relay.
+	Sent         messagingconv.ClientSentMessages      // per message sent or failed (error.type)
+	SendDuration messagingconv.ClientOperationDuration // per Send call
+	BatchSize    metric.Int64Histogram                 // txoutbox.relay.batch.size, per claim
+	Latency      metric.Float64Histogram               // txoutbox.relay.latency, created → sent
+	// Consumer.
+	ProcessDuration messagingconv.ProcessDuration // per handler run
+	Consumed        metric.Int64Counter           // txoutbox.consumer.messages, per settled delivery
+	// Both stages.
+	DeadLetters metric.Int64Counter // txoutbox.dead_letters.added
+	// Gauges (the relay registers their callback while it runs).
+	Backlog            metric.Int64ObservableGauge
+	BacklogAge         metric.Float64ObservableGauge
+	DeadLettersPending metric.Int64ObservableGauge
+	DeadLetterAge      metric.Float64ObservableGauge
+}
+
+// NewInstruments creates the instruments on m. An error names an instrument the SDK refused;
+// the others still work.
+func NewInstruments(m metric.Meter) (*Instruments, error) {
+	var errs []error
+	i := &Instruments{}
+	keep := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var err error
+	i.Sent, err = messagingconv.NewClientSentMessages(m)
+	keep(err)
+	i.SendDuration, err = messagingconv.NewClientOperationDuration(m, metric.WithExplicitBucketBoundaries(durationBuckets...))
+	keep(err)
+	i.BatchSize, err = m.Int64Histogram("txoutbox.relay.batch.size", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages leased by one claim of the relay."),
+		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000))
+	keep(err)
+	i.Latency, err = m.Float64Histogram("txoutbox.relay.latency", metric.WithUnit("s"),
+		metric.WithDescription("Time from an event's creation (in the transaction that published it) to the broker's acceptance of it."),
+		metric.WithExplicitBucketBoundaries(latencyBuckets...))
+	keep(err)
+	i.ProcessDuration, err = messagingconv.NewProcessDuration(m, metric.WithExplicitBucketBoundaries(durationBuckets...))
+	keep(err)
+	i.Consumed, err = m.Int64Counter("txoutbox.consumer.messages", metric.WithUnit("{message}"),
+		metric.WithDescription("Deliveries settled by a consumer, by outcome: handled, duplicate (an inbox hit), failed (to be retried), dead_lettered."))
+	keep(err)
+	i.DeadLetters, err = m.Int64Counter("txoutbox.dead_letters.added", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages written to the dead-letter table, by stage and kind."))
+	keep(err)
+	i.Backlog, err = m.Int64ObservableGauge("txoutbox.outbox.backlog", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages in the outbox not yet delivered."))
+	keep(err)
+	i.BacklogAge, err = m.Float64ObservableGauge("txoutbox.outbox.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest undelivered message in the outbox (0 when empty)."))
+	keep(err)
+	i.DeadLettersPending, err = m.Int64ObservableGauge("txoutbox.dead_letters.pending", metric.WithUnit("{message}"),
+		metric.WithDescription("Dead letters neither replayed nor discarded."))
+	keep(err)
+	i.DeadLetterAge, err = m.Float64ObservableGauge("txoutbox.dead_letters.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Time since the oldest pending dead letter failed (0 when none)."))
+	keep(err)
+	return i, errors.Join(errs...)
+}
+
+// Key is up to four attribute values, the key of a cached attribute set.
+type Key struct{ A, B, C, D string }
+
+// Sets caches the measurement options of attribute sets, so that recording a measurement
+// allocates nothing once its set was seen. Past maxSets distinct sets it builds them per
+// call instead of growing.
+type Sets struct {
+	build func(Key) []attribute.KeyValue
+	mu    sync.RWMutex
+	m     map[Key]*setOptions
+}
+
+type setOptions struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+const maxSets = 4096
+
+// NewSets returns a cache whose sets are built by build (a function of the key alone).
+func NewSets(build func(Key) []attribute.KeyValue) *Sets {
+	return &Sets{build: build, m: map[Key]*setOptions{}}
+}
+
+func (s *Sets) get(k Key) *setOptions {
+	s.mu.RLock()
+	o, ok := s.m[k]
+	s.mu.RUnlock()
+	if ok {
+		return o
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(s.build(k)...))
+	o = &setOptions{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	s.mu.Lock()
+	if len(s.m) < maxSets {
+		s.m[k] = o
+	}
+	s.mu.Unlock()
+	return o
+}
+
+// Add adds n to c with k's attributes.
+func (s *Sets) Add(ctx context.Context, c metric.Int64Counter, n int64, k Key) {
+	c.Add(ctx, n, s.get(k).add...)
+}
+
+// Record records v in h with k's attributes.
+func (s *Sets) Record(ctx context.Context, h metric.Float64Histogram, v float64, k Key) {
+	h.Record(ctx, v, s.get(k).rec...)
+}
+
+// ErrorType is the error.type attribute value of err ("" for nil): the semantic
+// conventions' low-cardinality class of an error (its Go type).
+func ErrorType(err error) string {
+	if err == nil {
+		return ""
+	}
+	return semconv.ErrorType(err).Value.AsString()
+}
+
+// MaxLinks is how many links one span carries: the SDK's default span limit. The relay's
+// send of a larger batch spreads its links over child spans of this many each, so none is
+// dropped.
+const MaxLinks = 128
+
+// Links returns the distinct valid span contexts stored in headers (by Propagator), in order.
+func Links(headers []map[string]string) []trace.Link {
+	var links []trace.Link
+	seen := map[trace.SpanID]bool{}
+	for _, h := range headers {
+		if _, ok := h["traceparent"]; !ok {
+			continue
+		}
+		sc := trace.SpanContextFromContext(Propagator.Extract(context.Background(), propagation.MapCarrier(h)))
+		if !sc.IsValid() || seen[sc.SpanID()] {
+			continue
+		}
+		seen[sc.SpanID()] = true
+		links = append(links, trace.Link{SpanContext: sc})
+	}
+	return links
+}
+
+// LogLimiter lets through at most Burst log lines per Window and counts the rest, so a
+// failure storm (a broker outage failing every message) logs a handful of lines with the
+// count of those left out instead of one per event. The zero value allows 10 per 10s.
+type LogLimiter struct {
+	Burst  int
+	Window time.Duration
+
+	mu         sync.Mutex
+	start      time.Time
+	n          int
+	suppressed int
+}
+
+// Allow reports whether a line may be logged now, and how many lines were suppressed since
+// the last one allowed (to log with it).
+func (l *LogLimiter) Allow() (ok bool, suppressed int) {
+	burst, window := l.Burst, l.Window
+	if burst <= 0 {
+		burst = 10
+	}
+	if window <= 0 {
+		window = 10 * time.Second
+	}
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.start) >= window {
+		l.start, l.n = now, 0
+	}
+	if l.n >= burst {
+		l.suppressed++
+		return false, 0
+	}
+	l.n++
+	suppressed, l.suppressed = l.suppressed, 0
+	return true, suppressed
+}

@@ -1,0 +1,280 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txoutbox/outbox/internal/telemetry"
+)
+
+// relayTelemetry is the relay's tracing, metrics, logs and OnDeadLetter hook. With no SDK
+// installed it costs a few branches per batch: spans do not record and instruments report
+// Enabled false, so nothing is computed per message.
+type relayTelemetry struct {
+	cfg      *RelayConfig
+	tracer   trace.Tracer
+	meter    metric.Meter
+	inst     *telemetry.Instruments
+	describe Describer // nil when the Sender does not describe itself
+	system   string
+	log      *slog.Logger
+	retryLog telemetry.LogLimiter
+
+	sentSets, durationSets, latencySets, deadSets *telemetry.Sets
+}
+
+var sendSpanKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+
+func (t *relayTelemetry) init(cfg *RelayConfig, sender Sender) {
+	t.cfg = cfg
+	t.tracer = telemetry.Tracer(cfg.TracerProvider)
+	t.meter = telemetry.Meter(cfg.MeterProvider)
+	t.log = cfg.Logger.With("relay", cfg.Name)
+	inst, err := telemetry.NewInstruments(t.meter)
+	if err != nil {
+		t.log.Warn("outbox relay: some metrics are unavailable", "err", err)
+	}
+	t.inst = inst
+	if d, ok := sender.(Describer); ok {
+		t.describe, t.system = d, d.MessagingSystem()
+	}
+	base := func(k telemetry.Key) []attribute.KeyValue {
+		kv := make([]attribute.KeyValue, 0, 6)
+		if t.system != "" {
+			kv = append(kv, semconv.MessagingSystemKey.String(t.system))
+		}
+		if k.B != "" {
+			kv = append(kv, semconv.MessagingDestinationName(k.B))
+		}
+		if k.A != "" {
+			kv = append(kv, semconv.CloudEventsEventType(k.A))
+		}
+		return kv
+	}
+	send := func(k telemetry.Key) []attribute.KeyValue {
+		kv := append(base(k), semconv.MessagingOperationName("send"))
+		if k.C != "" {
+			kv = append(kv, semconv.ErrorTypeKey.String(k.C))
+		}
+		return kv
+	}
+	t.sentSets = telemetry.NewSets(send)
+	t.durationSets = telemetry.NewSets(send)
+	t.latencySets = telemetry.NewSets(base)
+	t.deadSets = telemetry.NewSets(func(k telemetry.Key) []attribute.KeyValue {
+		return append(base(k), telemetry.StageKey.String("relay"), telemetry.KindKey.String(k.D))
+	})
+}
+
+// destination is where m goes, by the Sender's own account.
+func (t *relayTelemetry) destination(m Message) string {
+	if t.describe == nil {
+		return ""
+	}
+	return t.describe.DestinationName(m)
+}
+
+// claimed records the size of a non-empty claim.
+func (t *relayTelemetry) claimed(ctx context.Context, n int) {
+	if t.inst.BatchSize.Enabled(ctx) {
+		t.inst.BatchSize.Record(ctx, int64(n))
+	}
+}
+
+// startSend starts the producer span of one Send: "send <destination>" (or "send" when the
+// batch goes to several), linked to the spans that published its messages. Past
+// telemetry.MaxLinks distinct publishers the links go on child spans of the same name, so
+// the SDK's link limit never drops one.
+func (t *relayTelemetry) startSend(ctx context.Context, msgs []Message) (context.Context, *sendSpan) {
+	ctx, span := t.tracer.Start(ctx, "send", sendSpanKind...)
+	s := &sendSpan{Span: span}
+	if !span.IsRecording() {
+		return ctx, s
+	}
+	dest := ""
+	for i, m := range msgs {
+		d := t.destination(m)
+		if i > 0 && d != dest {
+			dest = ""
+			break
+		}
+		dest = d
+	}
+	attrs := []attribute.KeyValue{
+		semconv.MessagingOperationTypeSend,
+		semconv.MessagingOperationName("send"),
+		semconv.MessagingBatchMessageCount(len(msgs)),
+		telemetry.RelayKey.String(t.cfg.Name),
+	}
+	if t.system != "" {
+		attrs = append(attrs, semconv.MessagingSystemKey.String(t.system))
+	}
+	if dest != "" {
+		span.SetName("send " + dest)
+		attrs = append(attrs, semconv.MessagingDestinationName(dest))
+	}
+	if len(msgs) == 1 {
+		attrs = append(attrs, semconv.MessagingMessageID(msgs[0].ID.String()))
+	}
+	span.SetAttributes(attrs...)
+	headers := make([]map[string]string, len(msgs))
+	for i, m := range msgs {
+		headers[i] = m.Headers
+	}
+	links := telemetry.Links(headers)
+	for i, l := range links {
+		if i == telemetry.MaxLinks {
+			break
+		}
+		span.AddLink(l)
+	}
+	for rest := links[min(len(links), telemetry.MaxLinks):]; len(rest) > 0; {
+		n := min(len(rest), telemetry.MaxLinks)
+		_, part := t.tracer.Start(ctx, "send "+dest, trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithLinks(rest[:n]...), trace.WithAttributes(attrs...))
+		s.parts = append(s.parts, part)
+		rest = rest[n:]
+	}
+	return ctx, s
+}
+
+// sendSpan is a send's span and the child spans that carry the links past MaxLinks.
+type sendSpan struct {
+	trace.Span
+	parts []trace.Span
+}
+
+func (s *sendSpan) end(err error) {
+	for _, p := range append(s.parts, s.Span) {
+		if err != nil {
+			p.RecordError(err)
+			p.SetStatus(codes.Error, err.Error())
+			p.SetAttributes(semconv.ErrorTypeKey.String(telemetry.ErrorType(err)))
+		}
+		p.End()
+	}
+}
+
+// sent ends the span of one Send and records its metrics: each message sent or failed, the
+// call's duration, and each delivered message's latency since its creation.
+func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Message, start time.Time, err error, failed map[int]error) {
+	span.end(err)
+	if !t.inst.Sent.Enabled(ctx) && !t.inst.SendDuration.Enabled(ctx) && !t.inst.Latency.Enabled(ctx) {
+		return
+	}
+	now := time.Now()
+	dest, mixed := "", false
+	counts := map[telemetry.Key]int64{}
+	for i, m := range msgs {
+		d := t.destination(m)
+		if i > 0 && d != dest {
+			mixed = true
+		}
+		dest = d
+		k := telemetry.Key{A: m.Type, B: d}
+		if e, bad := failed[i]; bad {
+			k.C = telemetry.ErrorType(e)
+		} else {
+			t.latencySets.Record(ctx, t.inst.Latency, now.Sub(m.CreatedAt).Seconds(), k)
+		}
+		counts[k]++
+	}
+	for k, n := range counts {
+		t.sentSets.Add(ctx, t.inst.Sent.Int64Counter, n, k)
+	}
+	if mixed {
+		dest = ""
+	}
+	t.durationSets.Record(ctx, t.inst.SendDuration.Float64Histogram, now.Sub(start).Seconds(),
+		telemetry.Key{B: dest, C: telemetry.ErrorType(err)})
+}
+
+// retrying logs a failed send that will be retried, rate-limited: an outage fails every
+// message, and the metrics count them all.
+func (t *relayTelemetry) retrying(ctx context.Context, c Claimed, delay time.Duration, err error) {
+	ok, suppressed := t.retryLog.Allow()
+	if !ok {
+		return
+	}
+	attrs := []slog.Attr{slog.String("event_id", c.Message.ID.String()), slog.String("type", c.Message.Type),
+		slog.String("key", c.Message.Key), slog.Int("attempt", c.Attempts), slog.Duration("retry_in", delay),
+		slog.Any("err", err)}
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int("suppressed", suppressed))
+	}
+	t.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: send failed, will retry", attrs...)
+}
+
+// deadLettered reports the dead letters that the store moved: a log line, the counter and
+// the OnDeadLetter hook, once each. Rows the store did not move (their lease was taken over
+// by another relay, which reports them itself) are left out.
+func (t *relayTelemetry) deadLettered(ctx context.Context, out *outcome, moved []int64) {
+	if len(moved) == 0 {
+		return
+	}
+	was := make(map[int64]bool, len(moved))
+	for _, seq := range moved {
+		was[seq] = true
+	}
+	count := t.inst.DeadLetters.Enabled(ctx)
+	for i, d := range out.dead {
+		if !was[d.Seq] {
+			continue
+		}
+		c := out.deadClaims[i]
+		m := c.Message
+		dest := t.destination(m)
+		t.log.LogAttrs(ctx, slog.LevelError, "outbox relay: message dead-lettered",
+			slog.Int64("seq", d.Seq), slog.String("event_id", m.ID.String()), slog.String("type", m.Type),
+			slog.String("key", m.Key), slog.Int("attempt", c.Attempts), slog.String("kind", d.Kind),
+			slog.String("reason", d.Reason))
+		if count {
+			t.deadSets.Add(ctx, t.inst.DeadLetters, 1, telemetry.Key{A: m.Type, B: dest, D: d.Kind})
+		}
+		if t.cfg.OnDeadLetter != nil {
+			t.cfg.OnDeadLetter(ctx, DeadLettered{Message: m, Stage: "relay", Kind: d.Kind, Reason: d.Reason,
+				Attempts: c.Attempts, Destination: dest})
+		}
+	}
+}
+
+// observeStats registers the outbox gauges, sampled by one sr.Stats per collection, and
+// returns their unregistration.
+func (t *relayTelemetry) observeStats(sr StatsReader) func() {
+	i := t.inst
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		st, err := sr.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		set := metric.WithAttributeSet(attribute.NewSet(telemetry.OutboxKey.String(st.Outbox)))
+		now := time.Now()
+		o.ObserveInt64(i.Backlog, st.Backlog, set)
+		o.ObserveFloat64(i.BacklogAge, age(now, st.OldestUndelivered), set)
+		o.ObserveInt64(i.DeadLettersPending, st.DeadLettersPending, set)
+		o.ObserveFloat64(i.DeadLetterAge, age(now, st.OldestPendingDeadLetter), set)
+		return nil
+	}, i.Backlog, i.BacklogAge, i.DeadLettersPending, i.DeadLetterAge)
+	if err != nil {
+		t.log.Warn("outbox relay: the outbox gauges are unavailable", "err", err)
+		return func() {}
+	}
+	return func() { _ = reg.Unregister() }
+}
+
+// age is the seconds from then to now, 0 for a zero then (nothing waiting).
+func age(now, then time.Time) float64 {
+	if then.IsZero() {
+		return 0
+	}
+	return max(now.Sub(then).Seconds(), 0)
+}
