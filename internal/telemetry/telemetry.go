@@ -240,6 +240,7 @@ type LogLimiter struct {
 	start      time.Time
 	n          int
 	suppressed int
+	now        func() time.Time // tests set it; time.Now otherwise
 }
 
 // Allow reports whether a line may be logged now, and how many lines were suppressed since
@@ -252,9 +253,12 @@ func (l *LogLimiter) Allow() (ok bool, suppressed int) {
 	if window <= 0 {
 		window = 10 * time.Second
 	}
-	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := time.Now()
+	if l.now != nil {
+		now = l.now()
+	}
 	if now.Sub(l.start) >= window {
 		l.start, l.n = now, 0
 	}
