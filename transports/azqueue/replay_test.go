@@ -15,16 +15,7 @@ import (
 func TestRetryDeadLetterReplay(t *testing.T) {
 	t.Parallel()
 	pool, ob, _ := pgOutbox(t)
-	client := serviceClient(t)
-	queue := newQueue(t, client)
-	sender, err := outboxazqueue.NewSender(client, &outboxazqueue.SenderConfig{DefaultQueue: queue})
-	if err != nil {
-		t.Fatal(err)
-	}
-	receiver, err := outboxazqueue.NewReceiver(client.NewQueueClient(queue), fastReceiver)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sender, receiver := newQueuePair(t)
 	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
 		Store: relayStore(t, ob, pool),
 		Publish: func(ctx context.Context, events ...outbox.Encodable) error {
@@ -35,4 +26,20 @@ func TestRetryDeadLetterReplay(t *testing.T) {
 		Receiver:    receiver,
 		DeadLetters: deadLetters(t, ob, pool),
 	})
+}
+
+// newQueuePair creates a fresh queue and returns a sender to it and a fast receiver of it.
+func newQueuePair(t testing.TB) (*outboxazqueue.Sender, *outboxazqueue.Receiver) {
+	t.Helper()
+	client := serviceClient(t)
+	queue := newQueue(t, client)
+	sender, err := outboxazqueue.NewSender(client, &outboxazqueue.SenderConfig{DefaultQueue: queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver, err := outboxazqueue.NewReceiver(client.NewQueueClient(queue), fastReceiver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sender, receiver
 }

@@ -118,46 +118,32 @@ func (s Snapshot) Value(name string, want ...string) float64 {
 	if !ok {
 		return 0
 	}
-	var sum float64
 	switch d := m.Data.(type) {
 	case metricdata.Sum[int64]:
-		for _, p := range d.DataPoints {
-			if matches(p.Attributes, want) {
-				sum += float64(p.Value)
-			}
-		}
+		return sum(d.DataPoints, want, func(p metricdata.DataPoint[int64]) (attribute.Set, float64) { return p.Attributes, float64(p.Value) })
 	case metricdata.Sum[float64]:
-		for _, p := range d.DataPoints {
-			if matches(p.Attributes, want) {
-				sum += p.Value
-			}
-		}
+		return sum(d.DataPoints, want, func(p metricdata.DataPoint[float64]) (attribute.Set, float64) { return p.Attributes, p.Value })
 	case metricdata.Gauge[int64]:
-		for _, p := range d.DataPoints {
-			if matches(p.Attributes, want) {
-				sum += float64(p.Value)
-			}
-		}
+		return sum(d.DataPoints, want, func(p metricdata.DataPoint[int64]) (attribute.Set, float64) { return p.Attributes, float64(p.Value) })
 	case metricdata.Gauge[float64]:
-		for _, p := range d.DataPoints {
-			if matches(p.Attributes, want) {
-				sum += p.Value
-			}
-		}
+		return sum(d.DataPoints, want, func(p metricdata.DataPoint[float64]) (attribute.Set, float64) { return p.Attributes, p.Value })
 	case metricdata.Histogram[int64]:
-		for _, p := range d.DataPoints {
-			if matches(p.Attributes, want) {
-				sum += float64(p.Count)
-			}
-		}
+		return sum(d.DataPoints, want, func(p metricdata.HistogramDataPoint[int64]) (attribute.Set, float64) { return p.Attributes, float64(p.Count) })
 	case metricdata.Histogram[float64]:
-		for _, p := range d.DataPoints {
-			if matches(p.Attributes, want) {
-				sum += float64(p.Count)
-			}
+		return sum(d.DataPoints, want, func(p metricdata.HistogramDataPoint[float64]) (attribute.Set, float64) { return p.Attributes, float64(p.Count) })
+	}
+	return 0
+}
+
+// sum adds up the values of the points whose attributes match want.
+func sum[P any](points []P, want []string, read func(P) (attribute.Set, float64)) float64 {
+	var total float64
+	for _, p := range points {
+		if set, v := read(p); matches(set, want) {
+			total += v
 		}
 	}
-	return sum
+	return total
 }
 
 // Attr returns the value of key on span s ("" when absent).
