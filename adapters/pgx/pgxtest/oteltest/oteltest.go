@@ -128,9 +128,13 @@ func (s Snapshot) Value(name string, want ...string) float64 {
 	case metricdata.Gauge[float64]:
 		return sum(d.DataPoints, want, func(p metricdata.DataPoint[float64]) (attribute.Set, float64) { return p.Attributes, p.Value })
 	case metricdata.Histogram[int64]:
-		return sum(d.DataPoints, want, func(p metricdata.HistogramDataPoint[int64]) (attribute.Set, float64) { return p.Attributes, float64(p.Count) })
+		return sum(d.DataPoints, want, func(p metricdata.HistogramDataPoint[int64]) (attribute.Set, float64) {
+			return p.Attributes, float64(p.Count)
+		})
 	case metricdata.Histogram[float64]:
-		return sum(d.DataPoints, want, func(p metricdata.HistogramDataPoint[float64]) (attribute.Set, float64) { return p.Attributes, float64(p.Count) })
+		return sum(d.DataPoints, want, func(p metricdata.HistogramDataPoint[float64]) (attribute.Set, float64) {
+			return p.Attributes, float64(p.Count)
+		})
 	}
 	return 0
 }
