@@ -1,0 +1,163 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txoutbox/outbox"
+	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/consumer"
+	outboxmem "github.com/txoutbox/outbox/transports/memory"
+)
+
+// sdkProviders are what an application installs: every span sampled and batched to an
+// exporter (one that discards: the export's cost is the collector's), metrics aggregated
+// for a reader.
+func sdkProviders(b *testing.B) (trace.TracerProvider, metric.MeterProvider) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() {
+		_ = tp.Shutdown(context.Background())
+		_ = mp.Shutdown(context.Background())
+	})
+	return tp, mp
+}
+
+// tracedEvents returns n events each published by a request of its own: a distinct
+// traceparent per event, the worst case for the relay's links.
+func tracedEvents(n int) []outbox.Encodable {
+	evs := make([]outbox.Encodable, n)
+	id := make([]byte, 24)
+	for i := range evs {
+		_, _ = rand.Read(id)
+		tp := "00-" + hex.EncodeToString(id[:16]) + "-" + hex.EncodeToString(id[16:]) + "-01"
+		evs[i] = outbox.New(order{int64(i), 42}, outbox.WithHeader("traceparent", tp))
+	}
+	return evs
+}
+
+func fillTraced(b *testing.B, o *testOutbox, n int) {
+	b.Helper()
+	ctx := context.Background()
+	evs := tracedEvents(n)
+	for start := 0; start < n; start += 10000 {
+		chunk := evs[start:min(n, start+10000)]
+		if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, chunk...) }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := o.pool.Exec(ctx, "VACUUM ANALYZE "+o.schema+".outbox"); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkTelemetryOverhead: the relay draining to a transport that accepts everything
+// (default batch of 500, every event from a request of its own) and the consumer running an
+// idempotent handler (concurrency 32), each with telemetry off (no SDK installed: the
+// global no-op providers) and on (an SDK tracing every span and aggregating every metric),
+// alternating for five rounds in the same run; medians are reported, and on/off is the
+// overhead (target ≥ 0.95).
+func BenchmarkTelemetryOverhead(b *testing.B) {
+	const rounds = 5
+	o := benchOutbox(b)
+	tp, mp := sdkProviders(b)
+	b.Run("relay", func(b *testing.B) {
+		const n = 30000
+		drain := func(cfg *outbox.RelayConfig) float64 {
+			fillTraced(b, o, n)
+			sink := &discard{}
+			relay, err := outbox.NewRelay(o.store(b), sink, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, stop := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			start := time.Now()
+			go func() { _ = relay.Run(ctx); close(done) }()
+			for sink.n.Load() < n {
+				time.Sleep(time.Millisecond)
+			}
+			elapsed := time.Since(start)
+			stop()
+			<-done
+			return n / elapsed.Seconds()
+		}
+		var off, on []float64
+		for range rounds {
+			off = append(off, drain(&outbox.RelayConfig{}))
+			on = append(on, drain(&outbox.RelayConfig{TracerProvider: tp, MeterProvider: mp}))
+		}
+		b.ReportMetric(median(off), "off_events/s")
+		b.ReportMetric(median(on), "on_events/s")
+		b.ReportMetric(median(on)/median(off), "on/off")
+	})
+	b.Run("consumer", func(b *testing.B) {
+		const n = 10000
+		ctx := context.Background()
+		pool, err := pgxpool.New(ctx, pgxtest.URL()+"&pool_max_conns=32")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pool.Close()
+		effects := o.schema + ".telemetry_effects"
+		if _, err := o.pool.Exec(ctx, "CREATE TABLE "+effects+" (event_id uuid PRIMARY KEY, total bigint NOT NULL)"); err != nil {
+			b.Fatal(err)
+		}
+		consume := func(cfg consumer.Config) float64 {
+			q := outboxmem.New(nil)
+			msgs := make([]outbox.Message, n)
+			for i, e := range tracedEvents(n) {
+				msgs[i], _ = e.Encode()
+			}
+			if err := q.Send(ctx, msgs); err != nil {
+				b.Fatal(err)
+			}
+			cfg.Name = "telemetry" // fresh events each run: new inbox keys
+			cfg.DeadLetters, cfg.Concurrency, cfg.BatchSize = o.deadLetters(b), 32, 32
+			c, err := consumer.New(q, &cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			consumer.Handle(c, outboxpgx.IdempotentAt(o.Outbox, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[order]) error {
+				_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, $2)", e.ID, e.Payload.Total)
+				return err
+			}))
+			rctx, stop := context.WithCancel(ctx)
+			done := make(chan error)
+			start := time.Now()
+			go func() { done <- c.Run(rctx) }()
+			for q.Len() > 0 {
+				time.Sleep(time.Millisecond)
+			}
+			elapsed := time.Since(start)
+			stop()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+			if _, err := o.pool.Exec(ctx, "TRUNCATE "+effects); err != nil {
+				b.Fatal(err)
+			}
+			return n / elapsed.Seconds()
+		}
+		var off, on []float64
+		for range rounds {
+			off = append(off, consume(consumer.Config{}))
+			on = append(on, consume(consumer.Config{TracerProvider: tp, MeterProvider: mp}))
+		}
+		b.ReportMetric(median(off), "off_events/s")
+		b.ReportMetric(median(on), "on_events/s")
+		b.ReportMetric(median(on)/median(off), "on/off")
+	})
+}
