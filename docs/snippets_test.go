@@ -43,6 +43,12 @@ var imports = map[string]string{
 	"outboxnats":    "github.com/txoutbox/outbox/transports/nats",
 	"outboxazqueue": "github.com/txoutbox/outbox/transports/azqueue",
 	"outboxkafka":   "github.com/txoutbox/outbox/transports/kafka",
+	"otel":          "go.opentelemetry.io/otel",
+	"propagation":   "go.opentelemetry.io/otel/propagation",
+	"sdktrace":      "go.opentelemetry.io/otel/sdk/trace",
+	"sdkmetric":     "go.opentelemetry.io/otel/sdk/metric",
+	"otelprom":      "go.opentelemetry.io/otel/exporters/prometheus",
+	"promhttp":      "github.com/prometheus/client_golang/prometheus/promhttp",
 }
 
 // pages are the Markdown files whose snippets must compile.
