@@ -279,3 +279,51 @@ func TestMetricsFollowTheEvents(t *testing.T) {
 		t.Errorf("%d dead letters in the table (%v), %d hook calls", len(rows), err, len(got))
 	}
 }
+
+// TestIdempotencyHelpersReportDuplicates: a redelivered event counts as a duplicate, not as
+// handled, whichever helper absorbs it: Idempotent, IdempotentGrouped (once its batch
+// committed) and SkipSeen.
+func TestIdempotencyHelpersReportDuplicates(t *testing.T) {
+	t.Parallel()
+	o := pgxtest.New(t, "outboxpgx_dups")
+	noop := func(context.Context, pgx.Tx, outbox.Event[outboxtest.Note]) error { return nil }
+	for name, h := range map[string]consumer.Handler[outboxtest.Note]{
+		"idempotent": outboxpgx.IdempotentAt(o.Outbox, o.Pool, noop),
+		"grouped":    outboxpgx.IdempotentGroupedAt(o.Outbox, o.Pool, noop, nil),
+		"skipseen":   outboxpgx.SkipSeenAt(o.Outbox, o.Pool, func(context.Context, outbox.Event[outboxtest.Note]) error { return nil }),
+	} {
+		t.Run(name, func(t *testing.T) {
+			mp, reader := oteltest.Metrics(t)
+			q := outboxmem.New(nil)
+			c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.DeadLetters(t), MeterProvider: mp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			consumer.Handle(c, h)
+			ctx, stop := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- c.Run(ctx) }()
+			defer func() {
+				stop()
+				if err := <-done; err != nil {
+					t.Error(err)
+				}
+			}()
+			m, err := outbox.New(outboxtest.Note{Text: name}).Encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{"txoutbox.outcome=handled", "txoutbox.outcome=duplicate"} {
+				if err := q.Send(ctx, []outbox.Message{m}); err != nil {
+					t.Fatal(err)
+				}
+				outboxtest.WaitFor(t, 10*time.Second, want, func() bool {
+					return reader.Collect().Value("txoutbox.consumer.messages", want) == 1
+				})
+			}
+			if snap := reader.Collect(); snap.Value("txoutbox.consumer.messages") != 2 {
+				t.Errorf("%v deliveries counted, want 2", snap.Value("txoutbox.consumer.messages"))
+			}
+		})
+	}
+}
