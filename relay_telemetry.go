@@ -124,11 +124,13 @@ func (t *relayTelemetry) startSend(ctx context.Context, msgs []Message) (context
 		attrs = append(attrs, semconv.MessagingMessageID(msgs[0].ID.String()))
 	}
 	span.SetAttributes(attrs...)
-	headers := make([]map[string]string, len(msgs))
-	for i, m := range msgs {
-		headers[i] = m.Headers
-	}
-	links := telemetry.Links(headers)
+	links := telemetry.Links(len(msgs), func(yield func(map[string]string) bool) {
+		for _, m := range msgs {
+			if !yield(m.Headers) {
+				return
+			}
+		}
+	})
 	for i, l := range links {
 		if i == telemetry.MaxLinks {
 			break
@@ -171,7 +173,15 @@ func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Messag
 	}
 	now := time.Now()
 	dest, mixed := "", false
-	counts := map[telemetry.Key]int64{}
+	counts := make(map[telemetry.Key]int64, 4)
+	// Latencies are per message, and a message's trace is not the send span's: recorded
+	// without it, they take no exemplar of it. A batch is mostly one type to one
+	// destination: the options of the last key are reused.
+	lctx := context.Background()
+	var (
+		last    telemetry.Key
+		lastRec []metric.RecordOption
+	)
 	for i, m := range msgs {
 		d := t.destination(m)
 		if i > 0 && d != dest {
@@ -182,7 +192,10 @@ func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Messag
 		if e, bad := failed[i]; bad {
 			k.C = telemetry.ErrorType(e)
 		} else {
-			t.latencySets.Record(ctx, t.inst.Latency, now.Sub(m.CreatedAt).Seconds(), k)
+			if lastRec == nil || k != last {
+				last, lastRec = k, t.latencySets.RecordOptions(k)
+			}
+			t.inst.Latency.Record(lctx, now.Sub(m.CreatedAt).Seconds(), lastRec...)
 		}
 		counts[k]++
 	}

@@ -104,7 +104,6 @@ func (t *consumerTelemetry) startProcess(ctx context.Context, m outbox.Message, 
 		semconv.MessagingOperationName("process"),
 		semconv.MessagingMessageID(m.ID.String()),
 		semconv.MessagingConsumerGroupName(t.cfg.Name),
-		semconv.CloudEventsEventID(m.ID.String()),
 		semconv.CloudEventsEventType(m.Type),
 		attribute.Int("messaging.message.delivery_count", attempt),
 	}

@@ -269,8 +269,14 @@ func drainRaw(b *testing.B, o *testOutbox, n, batch int) float64 {
 
 // drainRelay empties the outbox with a relay and returns events/s.
 func drainRelay(b *testing.B, o *testOutbox, n, batch int) float64 {
+	return drainWith(b, o, n, &outbox.RelayConfig{BatchSize: batch})
+}
+
+// drainWith empties the outbox of its n events with a relay configured by cfg and returns
+// events/s.
+func drainWith(b *testing.B, o *testOutbox, n int, cfg *outbox.RelayConfig) float64 {
 	sink := &discard{}
-	relay, err := outbox.NewRelay(o.store(b), sink, &outbox.RelayConfig{BatchSize: batch})
+	relay, err := outbox.NewRelay(o.store(b), sink, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

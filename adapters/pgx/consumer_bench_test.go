@@ -55,18 +55,7 @@ func BenchmarkConsumer(b *testing.B) {
 			b.Fatal(err)
 		}
 		consumer.Handle(c, h)
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error)
-		start := time.Now()
-		go func() { done <- c.Run(rctx) }()
-		for q.Len() > 0 {
-			time.Sleep(time.Millisecond)
-		}
-		elapsed := time.Since(start)
-		stop()
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
+		elapsed := runUntilDrained(b, c, q)
 		if _, err := o.pool.Exec(ctx, "TRUNCATE "+effects); err != nil {
 			b.Fatal(err)
 		}
@@ -95,4 +84,21 @@ func BenchmarkConsumer(b *testing.B) {
 	b.ReportMetric(grouped/ceiling, "grouped/raw_tx")
 	b.ReportMetric(grouped1, "grouped_1tx_events/s")
 	b.ReportMetric(grouped64, "grouped_c64_events/s")
+}
+
+// runUntilDrained runs c until q is empty and returns how long it took.
+func runUntilDrained(b *testing.B, c *consumer.Consumer, q *outboxmem.Queue) time.Duration {
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error)
+	start := time.Now()
+	go func() { done <- c.Run(ctx) }()
+	for q.Len() > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	stop()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return elapsed
 }

@@ -11,6 +11,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"iter"
 	"sync"
 	"time"
 
@@ -31,7 +32,30 @@ const Scope = "github.com/txoutbox/outbox"
 // whatever the application installed, then the global propagator (baggage, or another
 // format the application asked for).
 var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(
-	propagation.TraceContext{}, otel.GetTextMapPropagator())
+	traceContext{}, otel.GetTextMapPropagator())
+
+// traceContext is propagation.TraceContext with a faster Extract for the common
+// traceparent (version 00): every delivery extracts one, and the consumer's hot path should
+// not pay for the general parser's allocations.
+type traceContext struct{ propagation.TraceContext }
+
+func (tc traceContext) Extract(ctx context.Context, c propagation.TextMapCarrier) context.Context {
+	tp := c.Get("traceparent")
+	if tp == "" {
+		return ctx
+	}
+	sc, ok := fastTraceparent(tp)
+	if !ok {
+		return tc.TraceContext.Extract(ctx, c)
+	}
+	if ts := c.Get("tracestate"); ts != "" {
+		state, err := trace.ParseTraceState(ts)
+		if err == nil {
+			sc = sc.WithTraceState(state)
+		}
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc)
+}
 
 // Tracer returns the txoutbox tracer of tp, or of the global provider when tp is nil.
 func Tracer(tp trace.TracerProvider) trace.Tracer {
@@ -192,6 +216,10 @@ func (s *Sets) Add(ctx context.Context, c metric.Int64Counter, n int64, k Key) {
 	c.Add(ctx, n, s.get(k).add...)
 }
 
+// RecordOptions returns the options that record with k's attributes, for a caller recording
+// many values of one set.
+func (s *Sets) RecordOptions(k Key) []metric.RecordOption { return s.get(k).rec }
+
 // Record records v in h with k's attributes.
 func (s *Sets) Record(ctx context.Context, h metric.Float64Histogram, v float64, k Key) {
 	h.Record(ctx, v, s.get(k).rec...)
@@ -211,22 +239,67 @@ func ErrorType(err error) string {
 // dropped.
 const MaxLinks = 128
 
-// Links returns the distinct valid span contexts stored in headers (by Propagator), in order.
-func Links(headers []map[string]string) []trace.Link {
-	var links []trace.Link
-	seen := map[trace.SpanID]bool{}
-	for _, h := range headers {
-		if _, ok := h["traceparent"]; !ok {
+// Links returns the distinct valid span contexts stored in the n headers (by Propagator), in
+// order.
+// A batch's events often share their publisher: each distinct traceparent is parsed once.
+func Links(n int, headers iter.Seq[map[string]string]) []trace.Link {
+	links := make([]trace.Link, 0, n)
+	seen := make(map[string]struct{}, n)
+	for h := range headers {
+		tp, ok := h["traceparent"]
+		if !ok {
 			continue
 		}
-		sc := trace.SpanContextFromContext(Propagator.Extract(context.Background(), propagation.MapCarrier(h)))
-		if !sc.IsValid() || seen[sc.SpanID()] {
+		if _, dup := seen[tp]; dup {
 			continue
 		}
-		seen[sc.SpanID()] = true
-		links = append(links, trace.Link{SpanContext: sc})
+		seen[tp] = struct{}{}
+		if sc := parseTraceparent(tp, h); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
 	}
 	return links
+}
+
+// parseTraceparent reads a traceparent without the propagator's context machinery (the
+// relay reads hundreds per batch); forms other than version 00 go through Propagator.
+func parseTraceparent(tp string, h map[string]string) trace.SpanContext {
+	if sc, ok := fastTraceparent(tp); ok {
+		return sc
+	}
+	return trace.SpanContextFromContext(Propagator.Extract(context.Background(), propagation.MapCarrier(h)))
+}
+
+// fastTraceparent reads a valid version 00 traceparent; ok is false for anything else,
+// which the general parser then judges.
+func fastTraceparent(tp string) (trace.SpanContext, bool) {
+	if len(tp) != 55 || tp[:3] != "00-" || tp[35] != '-' || tp[52] != '-' {
+		return trace.SpanContext{}, false
+	}
+	tid, err1 := trace.TraceIDFromHex(tp[3:35])
+	sid, err2 := trace.SpanIDFromHex(tp[36:52])
+	flags, ok := hexByte(tp[53:55])
+	if err1 != nil || err2 != nil || !ok {
+		return trace.SpanContext{}, false
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid,
+		TraceFlags: trace.TraceFlags(flags) & trace.FlagsSampled, Remote: true})
+	return sc, sc.IsValid()
+}
+
+func hexByte(s string) (byte, bool) {
+	var b byte
+	for _, c := range []byte(s) {
+		switch {
+		case c >= '0' && c <= '9':
+			b = b<<4 | (c - '0')
+		case c >= 'a' && c <= 'f':
+			b = b<<4 | (c - 'a' + 10)
+		default:
+			return 0, false
+		}
+	}
+	return b, true
 }
 
 // LogLimiter lets through at most Burst log lines per Window and counts the rest, so a

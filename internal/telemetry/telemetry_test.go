@@ -1,10 +1,14 @@
 package telemetry
 
 import (
+	"context"
+	"slices"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TestLogLimiterCountsWhatItSuppresses: past Burst lines in a window, lines are suppressed
@@ -34,5 +38,46 @@ func TestSetsAllocateNothingOnceSeen(t *testing.T) {
 	s.get(Key{A: "x"})
 	if n := testing.AllocsPerRun(100, func() { s.get(Key{A: "x"}) }); n != 0 {
 		t.Fatalf("%v allocations per cached lookup", n)
+	}
+}
+
+// TestLinksParseLikeThePropagator: the fast traceparent reader agrees with the propagator,
+// and each distinct publisher is linked once.
+func TestLinksParseLikeThePropagator(t *testing.T) {
+	hs := []map[string]string{
+		{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"},
+		{"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}, // invalid trace id
+		{"traceparent": "garbage"},
+		{},
+	}
+	links := Links(len(hs), slices.Values(hs))
+	if len(links) != 2 {
+		t.Fatalf("%d links, want 2: %v", len(links), links)
+	}
+	for i, h := range hs[:3:3] {
+		want := trace.SpanContextFromContext(Propagator.Extract(context.Background(), propagation.MapCarrier(h)))
+		if got := links[map[int]int{0: 0, 1: 0, 2: 1}[i]].SpanContext; !got.Equal(want) {
+			t.Errorf("header %d: got %v, the propagator reads %v", i, got, want)
+		}
+	}
+}
+
+// TestPropagatorRoundTrip: what Propagator injects, it extracts, tracestate included, with
+// the fast path and with the general one (a traceparent of another version).
+func TestPropagatorRoundTrip(t *testing.T) {
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	ts, _ := trace.ParseTraceState("vendor=x")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, TraceState: ts, Remote: true})
+	h := propagation.MapCarrier{}
+	Propagator.Inject(trace.ContextWithRemoteSpanContext(context.Background(), sc), h)
+	if got := trace.SpanContextFromContext(Propagator.Extract(context.Background(), h)); !got.Equal(sc) {
+		t.Fatalf("extracted %v from %v, want %v", got, h, sc)
+	}
+	h["traceparent"] = "01" + h["traceparent"][2:] + "-future"
+	if got := trace.SpanContextFromContext(Propagator.Extract(context.Background(), h)); got.TraceID() != tid {
+		t.Fatalf("a future version's traceparent %q: extracted %v", h["traceparent"], got)
 	}
 }
