@@ -162,4 +162,9 @@ type Table interface {
 	Replay(ctx context.Context, id int64) error
 	// Discard marks a pending entry discarded; the row stays for audit.
 	Discard(ctx context.Context, id int64) error
+	// Prune deletes up to limit entries that were replayed or discarded more than
+	// retention ago (by the database clock), and returns how many it deleted. Pending
+	// entries are never deleted. Call it from one instance until it returns less than
+	// limit.
+	Prune(ctx context.Context, retention time.Duration, limit int) (int64, error)
 }

@@ -288,6 +288,58 @@ func deadLetterListReplayDiscard[TTx any](t *testing.T, f *IdempotencyFixture[TT
 	if len(left) != 0 || len(all) != 2 {
 		t.Fatalf("after replay and discard: %d pending, %d kept; want 0 and 2", len(left), len(all))
 	}
+	bulkAndPrune(t, f.DeadLetters)
+}
+
+// bulkAndPrune: Matching, ReplayEach and DiscardEach act on exactly the entries named,
+// skipping those no longer pending and refusing what cannot be replayed; Prune deletes
+// replayed and discarded entries past the retention, never pending ones. dead holds two
+// entries, neither pending.
+func bulkAndPrune(t *testing.T, dead deadletter.Table) {
+	ctx := context.Background()
+	fine, _ := outbox.New(Note{Text: "again"}).Encode()
+	for _, e := range []deadletter.Entry{
+		{Message: fine, Stage: deadletter.StageRelay, Kind: deadletter.KindGaveUp, Reason: "broker down", Attempts: 10},
+		{Stage: deadletter.StageConsumer, Kind: deadletter.KindMalformed, Consumer: "outboxtest", Reason: "not an event",
+			BrokerMessageID: "m-1", Raw: &deadletter.Raw{Body: []byte("<garbage>")}},
+	} {
+		if err := dead.Add(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, err := deadletter.Matching(ctx, dead, deadletter.Filter{Status: deadletter.StatusPending, Limit: 1})
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("Matching pending, one per page: %v, %v; want the 2 new entries", ids, err)
+	}
+	var handled []int
+	r, err := deadletter.ReplayEach(ctx, dead, ids, func(n int) { handled = append(handled, n) })
+	if err != nil || r.Done != 1 || r.Skipped != 0 || len(r.Refused) != 1 || r.Refused[ids[1]] == nil ||
+		!errors.Is(r.Refused[ids[1]], deadletter.ErrNotReplayable) || !slices.Equal(handled, []int{1, 2}) {
+		t.Fatalf("ReplayEach: %+v, %v, progress %v; want 1 done and the malformed entry refused", r, err, handled)
+	}
+	if r, err := deadletter.DiscardEach(ctx, dead, ids, nil); err != nil || r.Done != 1 || r.Skipped != 1 {
+		t.Fatalf("DiscardEach: %+v, %v; want the malformed entry discarded, the replayed one skipped", r, err)
+	}
+	if err := dead.Add(ctx, deadletter.Entry{Message: fine, Stage: deadletter.StageRelay, Reason: "still pending", Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := dead.Prune(ctx, time.Hour, 10); err != nil || n != 0 {
+		t.Fatalf("Prune with a retention of an hour: %d, %v; want nothing deleted", n, err)
+	}
+	// A negative retention reaches entries whose status changed this very instant.
+	if n, err := dead.Prune(ctx, -time.Minute, 3); err != nil || n != 3 {
+		t.Fatalf("Prune, limit 3: %d, %v; want 3", n, err)
+	}
+	if n, err := dead.Prune(ctx, -time.Minute, 10); err != nil || n != 1 {
+		t.Fatalf("Prune again: %d, %v; want the last of the 4 replayed or discarded", n, err)
+	}
+	if _, err := dead.Prune(ctx, 0, 0); err == nil {
+		t.Fatal("Prune with limit 0 succeeded")
+	}
+	all, err := dead.List(ctx, deadletter.Filter{})
+	if err != nil || len(all) != 1 || all[0].Status != deadletter.StatusPending {
+		t.Fatalf("after Prune: %+v, %v; want the pending entry alone", all, err)
+	}
 }
 
 // skipSeen: SkipSeen runs a handler once per event across duplicates, records an event only

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +14,10 @@ import (
 
 	"github.com/txoutbox/outbox"
 )
+
+// migrationName is what a migration's name may hold: it is spliced into the statement that
+// records it.
+var migrationName = regexp.MustCompile(`^[a-z0-9_]+$`)
 
 // loadMigrations reads migrations/<dialect>/NNN_name.sql.
 func loadMigrations(dialect string) []Migration {
@@ -25,7 +30,7 @@ func loadMigrations(dialect string) []Migration {
 	for _, e := range entries {
 		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
 		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
+		if !ok || err != nil || !migrationName.MatchString(name) {
 			panic("sqlstore: bad migration file name " + e.Name())
 		}
 		body, err := fs.ReadFile(migrationFiles, path.Join(dir, e.Name()))
@@ -54,27 +59,36 @@ func Render(d Dialect, m Migration, n *Names) (string, error) {
 	return b.String(), nil
 }
 
+// books is a dialect's bookkeeping of the migrations applied to an outbox.
+type books struct {
+	// schema creates n.Schema if it is missing; "" when there is none to create.
+	schema string
+	// table creates the applied-migrations table if it is missing.
+	table string
+	// now is the clock that dates a migration.
+	now string
+}
+
+// record is the statement that records m as applied. Its values are spliced: a version is
+// an integer and a name is checked at load (migrationName).
+func (b books) record(n *Names, m Migration) string {
+	return fmt.Sprintf("INSERT INTO %s (version, name, applied_at) VALUES (%d, '%s', %s)", n.Migrations, m.Version, m.Name, b.now)
+}
+
 // runMigrations applies, inside the caller's transaction q, every migration of d not yet
-// recorded in n.Migrations. createTable creates that table; record inserts (version, name).
-func runMigrations(ctx context.Context, d Dialect, q Querier, n *Names, createTable, record string) error {
-	if err := q.Exec(ctx, createTable); err != nil {
+// recorded in n.Migrations.
+func runMigrations(ctx context.Context, d Dialect, q Querier, n *Names) error {
+	b := d.books(n)
+	if b.schema != "" {
+		if err := q.Exec(ctx, b.schema); err != nil {
+			return fmt.Errorf("creating the schema of %s: %w", n.Outbox, err)
+		}
+	}
+	if err := q.Exec(ctx, b.table); err != nil {
 		return fmt.Errorf("creating %s: %w", n.Migrations, err)
 	}
-	rows, err := q.Query(ctx, "SELECT version FROM "+n.Migrations)
+	done, err := appliedVersions(ctx, q, n)
 	if err != nil {
-		return err
-	}
-	done := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return err
-		}
-		done[v] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return err
 	}
 	for _, m := range d.Migrations() {
@@ -88,11 +102,29 @@ func runMigrations(ctx context.Context, d Dialect, q Querier, n *Names, createTa
 		if err := q.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("outbox: migration %d (%s): %w", m.Version, m.Name, err)
 		}
-		if err := q.Exec(ctx, record, m.Version, m.Name); err != nil {
+		if err := q.Exec(ctx, b.record(n, m)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// appliedVersions reads the versions recorded in n.Migrations.
+func appliedVersions(ctx context.Context, q Querier, n *Names) (map[int]bool, error) {
+	rows, err := q.Query(ctx, "SELECT version FROM "+n.Migrations)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	done := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
 }
 
 func sortBySeq(c []outbox.Claimed) {

@@ -47,15 +47,19 @@ func (d mysqlDialect) Migrate(ctx context.Context, db DB, n *Names) error {
 				err = errors.Join(err, fmt.Errorf("releasing the migration lock: %w", rerr))
 			}
 		}()
-		if n.Schema != "" {
-			if err := q.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+d.Quote(n.Schema)); err != nil {
-				return err
-			}
-		}
-		return runMigrations(ctx, d, statements{q}, n,
-			"CREATE TABLE IF NOT EXISTS "+n.Migrations+" (version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB",
-			"INSERT INTO "+n.Migrations+" (version, name, applied_at) VALUES (?, ?, "+mysqlNow+")")
+		return runMigrations(ctx, d, statements{q}, n)
 	})
+}
+
+func (d mysqlDialect) books(n *Names) books {
+	b := books{
+		table: "CREATE TABLE IF NOT EXISTS " + n.Migrations + " (version INT NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB",
+		now:   mysqlNow,
+	}
+	if n.Schema != "" {
+		b.schema = "CREATE DATABASE IF NOT EXISTS " + d.Quote(n.Schema)
+	}
+	return b
 }
 
 // queryRow scans the one row of a query into dest.

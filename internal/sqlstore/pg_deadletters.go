@@ -101,6 +101,22 @@ func (t *pgDeadLetters) Discard(ctx context.Context, id int64) error {
 	return fmt.Errorf("%w: dead letter %d is %s", deadletter.ErrNotPending, id, e.Status)
 }
 
+func (t *pgDeadLetters) Prune(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("deadletter: pruning %s: limit %d is not positive", t.n.DeadLetters, limit)
+	}
+	n, err := pgDeleteSome(ctx, t.db, t.n.DeadLetters, prunable+" AND status_changed_at < now() - $1 * interval '1 millisecond'",
+		[]any{retention.Milliseconds()}, limit)
+	if err != nil {
+		return n, fmt.Errorf("deadletter: pruning %s: %w", t.n.DeadLetters, err)
+	}
+	return n, nil
+}
+
+// prunable matches the dead letters Prune may delete, through the (status, last_failed_at)
+// index.
+const prunable = "status IN ('replayed', 'discarded')"
+
 func getDeadLetter(ctx context.Context, q Querier, query string, id int64) (deadletter.Entry, error) {
 	rows, err := q.Query(ctx, query, id)
 	if err != nil {

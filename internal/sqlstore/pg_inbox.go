@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,23 +68,21 @@ func (postgres) SeenInbox(ctx context.Context, q Querier, n *Names, k idempotenc
 }
 
 func (postgres) PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error) {
-	prune := func(table string) (int64, error) {
-		var count int64
-		_, err := scanOne(ctx, q, &count, `WITH gone AS (
+	return pruneBoth(n, func(table string) (int64, error) {
+		return pgDeleteSome(ctx, q, table, "processed_at < now() - $1 * interval '1 millisecond'", []any{olderThan.Milliseconds()}, limit)
+	})
+}
+
+// pgDeleteSome deletes up to limit rows of table that match where (whose placeholders are
+// $1..$len(args)) and returns how many it deleted.
+func pgDeleteSome(ctx context.Context, q Querier, table, where string, args []any, limit int) (int64, error) {
+	var count int64
+	_, err := scanOne(ctx, q, &count, `WITH gone AS (
     DELETE FROM `+table+` WHERE ctid IN (
-        SELECT ctid FROM `+table+` WHERE processed_at < now() - $1 * interval '1 millisecond' LIMIT $2)
+        SELECT ctid FROM `+table+` WHERE `+where+` LIMIT $`+strconv.Itoa(len(args)+1)+`)
     RETURNING 1)
-SELECT count(*) FROM gone`, olderThan.Milliseconds(), limit)
-		return count, err
-	}
-	count, err := prune(n.Inbox)
-	if err != nil {
-		return 0, err
-	}
-	if _, err := prune(n.Responses); err != nil {
-		return count, err
-	}
-	return count, nil
+SELECT count(*) FROM gone`, append(args, limit)...)
+	return count, err
 }
 
 func (postgres) SaveResponse(ctx context.Context, q Querier, n *Names, k idempotency.Key, r idempotency.Response) error {

@@ -31,15 +31,19 @@ func (d postgres) Migrate(ctx context.Context, db DB, n *Names) error {
 		if err := q.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", n.MigrateKey); err != nil {
 			return err
 		}
-		if n.Schema != "" {
-			if err := q.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+d.Quote(n.Schema)); err != nil {
-				return err
-			}
-		}
-		return runMigrations(ctx, d, q, n,
-			"CREATE TABLE IF NOT EXISTS "+n.Migrations+" (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
-			"INSERT INTO "+n.Migrations+" (version, name) VALUES ($1, $2)")
+		return runMigrations(ctx, d, q, n)
 	})
+}
+
+func (d postgres) books(n *Names) books {
+	b := books{
+		table: "CREATE TABLE IF NOT EXISTS " + n.Migrations + " (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+		now:   "now()",
+	}
+	if n.Schema != "" {
+		b.schema = "CREATE SCHEMA IF NOT EXISTS " + d.Quote(n.Schema)
+	}
+	return b
 }
 
 // insertColumns is the column list every dialect's INSERT writes, in argument order.

@@ -38,11 +38,15 @@ const sqliteTime = "2006-01-02 15:04:05.000000"
 
 // Migrate runs the pending migrations in one transaction: SQLite's DDL is transactional.
 func (d sqliteDialect) Migrate(ctx context.Context, db DB, n *Names) error {
-	return db.InTx(ctx, func(q Querier) error {
-		return runMigrations(ctx, d, statements{q}, n,
-			"CREATE TABLE IF NOT EXISTS "+n.Migrations+" (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
-			"INSERT INTO "+n.Migrations+" (version, name, applied_at) VALUES (?, ?, "+sqliteNow+")")
-	})
+	return db.InTx(ctx, func(q Querier) error { return runMigrations(ctx, d, statements{q}, n) })
+}
+
+// books: a schema is an attached database, which exists already.
+func (sqliteDialect) books(n *Names) books {
+	return books{
+		table: "CREATE TABLE IF NOT EXISTS " + n.Migrations + " (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
+		now:   sqliteNow,
+	}
 }
 
 // sqliteMaxInsertRows keeps 7 parameters a row under the 999 of SQLite builds before 3.32.

@@ -42,6 +42,10 @@ type Dialect interface {
 	Migrations() []Migration
 	// Migrate runs the pending migrations on db.
 	Migrate(ctx context.Context, db DB, n *Names) error
+	// books is the dialect's bookkeeping of applied migrations.
+	books(n *Names) books
+	// ops is the SQL of the operator's queries (operate.go).
+	ops() opsSQL
 	// Insert writes messages in the caller's transaction.
 	Insert(ctx context.Context, q Querier, n *Names, msgs []outbox.Message) error
 	// Store returns the relay store over db.

@@ -128,6 +128,18 @@ func (t *stdDeadLetters) Discard(ctx context.Context, id int64) error {
 	})
 }
 
+func (t *stdDeadLetters) Prune(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("deadletter: pruning %s: limit %d is not positive", t.n.DeadLetters, limit)
+	}
+	ago, arg := t.c.ago(retention)
+	n, err := t.c.deleteSome(ctx, t.db, t.n.DeadLetters, prunable+" AND status_changed_at < "+ago, []any{arg}, limit)
+	if err != nil {
+		return n, fmt.Errorf("deadletter: pruning %s: %w", t.n.DeadLetters, err)
+	}
+	return n, nil
+}
+
 func (t *stdDeadLetters) setStatus(ctx context.Context, q Querier, id int64, s deadletter.Status) error {
 	return q.Exec(ctx, "UPDATE "+t.n.DeadLetters+" SET status = ?, status_changed_at = "+t.c.now+" WHERE id = ?", string(s), id)
 }

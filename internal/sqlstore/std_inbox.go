@@ -167,35 +167,43 @@ func seenInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (boo
 }
 
 func (mysqlDialect) PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error) {
-	ago, arg := mysqlConsumer.ago(olderThan)
-	prune := func(table string) (count int64, err error) {
+	return mysqlConsumer.pruneInbox(ctx, q, n, olderThan, limit)
+}
+
+func (sqliteDialect) PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error) {
+	return sqliteConsumer.pruneInbox(ctx, q, n, olderThan, limit)
+}
+
+func (c stdConsumer) pruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error) {
+	ago, arg := c.ago(olderThan)
+	return pruneBoth(n, func(table string) (int64, error) {
+		return c.deleteSome(ctx, q, table, "processed_at < "+ago, []any{arg}, limit)
+	})
+}
+
+// deleteSome deletes up to limit rows of table that match where (with args) and returns
+// how many it deleted.
+func (c stdConsumer) deleteSome(ctx context.Context, q Querier, table, where string, args []any, limit int) (count int64, err error) {
+	args = append(args, limit)
+	if c.d == MySQL {
 		err = pinned(ctx, q, func(q Querier) error {
-			if err := q.Exec(ctx, "DELETE FROM "+table+" WHERE processed_at < "+ago+" LIMIT ?", arg, limit); err != nil {
+			if err := q.Exec(ctx, "DELETE FROM "+table+" WHERE "+where+" LIMIT ?", args...); err != nil {
 				return err
 			}
 			return queryRow(ctx, q, []any{&count}, "SELECT ROW_COUNT()")
 		})
 		return count, err
 	}
-	return pruneBoth(n, prune)
-}
-
-func (sqliteDialect) PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error) {
-	ago, arg := sqliteConsumer.ago(olderThan)
-	prune := func(table string) (int64, error) {
-		rows, err := q.Query(ctx, "DELETE FROM "+table+" WHERE rowid IN (SELECT rowid FROM "+table+
-			" WHERE processed_at < "+ago+" LIMIT ?) RETURNING 1", arg, limit)
-		if err != nil {
-			return 0, err
-		}
-		defer rows.Close()
-		var count int64
-		for rows.Next() {
-			count++
-		}
-		return count, rows.Err()
+	rows, err := q.Query(ctx, "DELETE FROM "+table+" WHERE rowid IN (SELECT rowid FROM "+table+
+		" WHERE "+where+" LIMIT ?) RETURNING 1", args...)
+	if err != nil {
+		return 0, err
 	}
-	return pruneBoth(n, prune)
+	defer rows.Close()
+	for rows.Next() {
+		count++
+	}
+	return count, rows.Err()
 }
 
 // pruneBoth prunes the inbox, then the stored responses, and returns the inbox's count.

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	_ "modernc.org/sqlite"             // database/sql driver "sqlite", pure Go
+
+	"github.com/txoutbox/outbox"
+	outboxsql "github.com/txoutbox/outbox/adapters/sql"
+	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/internal/sqlstore"
+)
+
+// dbFlags are the flags that name an outbox: its database and its tables.
+type dbFlags struct {
+	url, schema, table string
+}
+
+// add registers the flags on fs, with defaults from the environment.
+func (f *dbFlags) add(a *app, fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "database-url", a.getenv("OUTBOX_DATABASE_URL"),
+		"the database: postgres://…, mysql://…, sqlite:///path/file.db or a file path (env OUTBOX_DATABASE_URL)")
+	fs.StringVar(&f.schema, "schema", a.getenv("OUTBOX_SCHEMA"),
+		"the tables' schema (MySQL: database); default the connection's (env OUTBOX_SCHEMA)")
+	fs.StringVar(&f.table, "table", a.getenv("OUTBOX_TABLE"),
+		"the outbox table, prefix of the others (env OUTBOX_TABLE)")
+}
+
+// target is a parsed database URL.
+type target struct {
+	dialect sqlstore.Dialect
+	driver  string // database/sql driver name
+	dsn     string
+	shown   string // the URL with its secrets redacted, for messages
+	file    string // SQLite: the database file
+}
+
+// parseDatabaseURL reads a database URL and records its secrets with r. PostgreSQL URLs go
+// to pgx as they are; mysql://user:pass@host:3306/db?param=v becomes the DSN of
+// go-sql-driver/mysql; sqlite:///abs/path.db, sqlite://relative.db and plain file paths open
+// SQLite files, with WAL and a busy timeout unless the URL sets its own pragmas.
+func parseDatabaseURL(raw string, r *redactor) (target, error) {
+	if raw == "" {
+		return target{}, usagef("no database: set OUTBOX_DATABASE_URL or --database-url (postgres://…, mysql://…, sqlite:///path.db)")
+	}
+	scheme, rest, hasScheme := strings.Cut(raw, "://")
+	if !hasScheme {
+		scheme, rest = "sqlite", raw
+		if strings.HasPrefix(raw, "file:") {
+			rest = strings.TrimPrefix(raw, "file:")
+		}
+	}
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		u, err := url.Parse(raw)
+		if err != nil {
+			return target{}, usagef("--database-url: %v", r.hideURLError(raw, err))
+		}
+		r.addURL(u)
+		return target{dialect: sqlstore.Postgres, driver: "pgx", dsn: raw, shown: redactURL(u)}, nil
+	case "mysql", "mariadb":
+		u, err := url.Parse(raw)
+		if err != nil {
+			return target{}, usagef("--database-url: %v", r.hideURLError(raw, err))
+		}
+		r.addURL(u)
+		cfg := mysql.NewConfig()
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+		cfg.Net, cfg.Addr = "tcp", u.Host
+		if u.Port() == "" {
+			cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
+		}
+		cfg.DBName = strings.TrimPrefix(u.Path, "/")
+		// Our own settings first; the URL's query may set any of the driver's parameters.
+		dsn := cfg.FormatDSN()
+		if u.RawQuery != "" {
+			sep := "?"
+			if strings.Contains(dsn, "?") {
+				sep = "&"
+			}
+			dsn += sep + u.RawQuery
+		}
+		if _, err := mysql.ParseDSN(dsn); err != nil {
+			return target{}, usagef("--database-url: %s: %v", redactURL(u), r.hide(err))
+		}
+		return target{dialect: sqlstore.MySQL, driver: "mysql", dsn: dsn, shown: redactURL(u)}, nil
+	case "sqlite", "sqlite3", "file":
+		path, query, _ := strings.Cut(rest, "?")
+		if path == "" {
+			return target{}, usagef("--database-url %q names no SQLite file", raw)
+		}
+		if path == ":memory:" {
+			return target{}, usagef("--database-url: an in-memory SQLite database is empty for every connection; name a file")
+		}
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			return target{}, usagef("--database-url: SQLite parameters %q: %v", query, err)
+		}
+		if _, ok := q["_pragma"]; !ok {
+			q.Add("_pragma", "journal_mode(WAL)")
+			q.Add("_pragma", "busy_timeout(5000)")
+		}
+		return target{dialect: sqlstore.SQLite, driver: "sqlite", dsn: "file:" + path + "?" + q.Encode(), shown: "sqlite://" + path, file: path}, nil
+	}
+	return target{}, usagef("--database-url: unknown scheme %q: want postgres://, mysql://, sqlite:// or a file path", scheme)
+}
+
+// store is an open outbox: its database and the tables' names.
+type store struct {
+	target
+	db     *sql.DB
+	names  *sqlstore.Names
+	outbox *outboxsql.Outbox
+	q      sqlstore.DB
+}
+
+// open connects to the outbox the flags name. create allows a new SQLite file (migrate);
+// other commands refuse a file that does not exist rather than create an empty database.
+func (a *app) open(ctx context.Context, f dbFlags, create bool) (*store, error) {
+	t, err := parseDatabaseURL(f.url, a.stderr)
+	if err != nil {
+		return nil, err
+	}
+	tables := outbox.Tables{Schema: f.schema, Outbox: f.table}
+	names, err := sqlstore.NewNames(t.dialect, tables)
+	if err != nil {
+		return nil, usagef("--schema/--table: %v", err)
+	}
+	d := map[string]outboxsql.Dialect{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}[t.dialect.Name()]
+	o, err := outboxsql.New(d, tables)
+	if err != nil {
+		return nil, usagef("--schema/--table: %v", err)
+	}
+	if t.file != "" && !create {
+		if _, err := os.Stat(t.file); err != nil {
+			return nil, fmt.Errorf("SQLite database %s: %w (run outbox migrate to create it)", t.file, err)
+		}
+	}
+	db, err := sql.Open(t.driver, t.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", t.shown, a.stderr.hide(err))
+	}
+	if t.dialect == sqlstore.SQLite {
+		db.SetMaxOpenConns(1) // one writer: the connections would only queue on its lock
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connecting to %s: %w", t.shown, a.stderr.hide(err))
+	}
+	return &store{target: t, db: db, names: names, outbox: o, q: sqlstore.StdDB(db)}, nil
+}
+
+func (s *store) Close() error { return s.db.Close() }
+
+// deadLetters opens the outbox's dead-letter table.
+func (s *store) deadLetters() deadletter.Table {
+	t, err := s.outbox.NewDeadLetters(s.db)
+	if err != nil {
+		panic(err) // only for a nil *sql.DB
+	}
+	return t
+}
+
+// describe names the outbox for messages: its table on its database.
+func (s *store) describe() string {
+	return s.names.Outbox + " on " + s.shown
+}
+
+// checkSchema fails with a message that says what to do when the outbox's tables are not
+// those this version expects.
+func (s *store) checkSchema(ctx context.Context) error {
+	err := sqlstore.Validate(ctx, s.dialect, s.q, s.names)
+	if errors.Is(err, sqlstore.ErrSchema) {
+		return fmt.Errorf("%w\n(run outbox migrate, with the same --database-url, --schema and --table)", err)
+	}
+	return err
+}
