@@ -8,7 +8,7 @@
 #
 # Usage: scripts/release.sh [--edit-only] vX.Y.Z[-pre]
 #   --edit-only  only rewrite the go.mod files (no commit, no tags)
-# Published modules: the root, adapters/*, transports/*. docs/ and examples/* are not
+# Published modules: the root, adapters/*, transports/*, cmd/* (go install-able). docs/ and examples/* are not
 # published; their requirements are set too, so that they stay accurate.
 set -euo pipefail
 
@@ -32,7 +32,7 @@ mapfile -t dirs < <(scripts/modules.sh | sed 's#^\./##; s#^\.$#.#')
 
 published=()
 for d in "${dirs[@]}"; do
-  case $d in .|adapters/*|transports/*) published+=("$d") ;; esac
+  case $d in .|adapters/*|transports/*|cmd/*) published+=("$d") ;; esac
 done
 
 if ((!edit_only)); then

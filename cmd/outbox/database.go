@@ -37,6 +37,24 @@ func (f *dbFlags) add(a *app, fs *flag.FlagSet) {
 		"the outbox table, prefix of the others (env OUTBOX_TABLE)")
 }
 
+func (f *dbFlags) tables() outbox.Tables { return outbox.Tables{Schema: f.schema, Outbox: f.table} }
+
+// names validates --schema and --table, each error naming its flag, and returns the
+// tables' names in dialect d.
+func (f *dbFlags) names(d sqlstore.Dialect) (*sqlstore.Names, error) {
+	var errs []error
+	if _, err := sqlstore.NewNames(d, outbox.Tables{Schema: f.schema}); err != nil {
+		errs = append(errs, fmt.Errorf("--schema: %w", err))
+	}
+	if _, err := sqlstore.NewNames(d, outbox.Tables{Outbox: f.table}); err != nil {
+		errs = append(errs, fmt.Errorf("--table: %w", err))
+	}
+	if len(errs) > 0 {
+		return nil, usageError{errors.Join(errs...)}
+	}
+	return sqlstore.NewNames(d, f.tables())
+}
+
 // target is a parsed database URL.
 type target struct {
 	dialect sqlstore.Dialect
@@ -133,15 +151,14 @@ func (a *app) open(ctx context.Context, f dbFlags, create bool) (*store, error) 
 	if err != nil {
 		return nil, err
 	}
-	tables := outbox.Tables{Schema: f.schema, Outbox: f.table}
-	names, err := sqlstore.NewNames(t.dialect, tables)
+	names, err := f.names(t.dialect)
 	if err != nil {
-		return nil, usagef("--schema/--table: %v", err)
+		return nil, err
 	}
 	d := map[string]outboxsql.Dialect{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}[t.dialect.Name()]
-	o, err := outboxsql.New(d, tables)
+	o, err := outboxsql.New(d, f.tables())
 	if err != nil {
-		return nil, usagef("--schema/--table: %v", err)
+		return nil, usagef("--schema, --table: %v", err)
 	}
 	if t.file != "" && !create {
 		if _, err := os.Stat(t.file); err != nil {

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 )
 
@@ -106,9 +105,9 @@ func (a *app) migrationScript(f dbFlags, dialect string) error {
 	if err != nil {
 		return usagef("--dialect: %v", err)
 	}
-	n, err := sqlstore.NewNames(d, outbox.Tables{Schema: f.schema, Outbox: f.table})
+	n, err := f.names(d)
 	if err != nil {
-		return usagef("--schema/--table: %v", err)
+		return err
 	}
 	sql, err := sqlstore.MigrationScript(d, n, d.Migrations())
 	if err != nil {
