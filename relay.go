@@ -226,13 +226,21 @@ func (r *Relay) loop(ctx context.Context) {
 // RunOnce claims one batch, sends it and writes the outcome back. It returns how many
 // messages it claimed. Run calls it in a loop; tests and one-shot jobs may call it directly.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("outbox: claiming messages: %w", err)
+	}
 	token := rand.Int64()
-	claimed, err := r.store.Claim(ctx, ClaimParams{
+	// The claim runs to its end even when ctx ends meanwhile: a claim cancelled after its
+	// commit would report an error while holding rows nobody knows to release, until their
+	// lease expired. Once it returns, a cancelled ctx releases the whole batch (send).
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SendTimeout)
+	claimed, err := r.store.Claim(cctx, ClaimParams{
 		Owner: r.cfg.Name,
 		Token: token,
 		Limit: r.cfg.BatchSize,
 		Lease: r.cfg.Lease,
 	})
+	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claiming messages: %w", err)
 	}
