@@ -5,7 +5,8 @@
 # packages are installed with apt-get; azurite and fauxqs come from npm (pinned in package.json), as does
 # the CloudEvents JS SDK (and amqplib) that interop tests read and write our messages with.
 #
-# Usage: scripts/services/up.sh [SERVICE...]   (default: all of postgres mariadb nats rabbitmq azurite fauxqs)
+# Usage: scripts/services/up.sh [SERVICE...]   (default: all of postgres mariadb nats rabbitmq azurite fauxqs,
+#        and the Chromium that the web console's browser test drives)
 #
 # The tests use these defaults (override by exporting them):
 #   TXOUTBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable
@@ -178,7 +179,8 @@ start_fauxqs() {
 
 
 names=("$@")
-((${#names[@]})) || names=("${ALL[@]}")
+everything=0
+((${#names[@]})) || { names=("${ALL[@]}"); everything=1; }
 for name in "${names[@]}"; do
   [[ -n ${PORT[$name]:-} ]] || fail "unknown service '$name' (known: ${ALL[*]})"
 done
@@ -221,6 +223,14 @@ done
 if ((!epmd_was_up)) && [[ " ${started[*]} " == *" rabbitmq "* ]] && answers 4369; then
   pid=$(listener_pid 4369)
   [[ -z $pid ]] || { identity "$pid" >"$run/epmd.pid"; echo "epmd: started with rabbitmq (pid $pid)"; }
+fi
+
+# Not a service but a tool the tests drive: headless Chromium for the web console's browser
+# test (cmd/outbox TestConsoleInBrowser), installed with the full set. Under CI a missing
+# Chromium fails that test instead of skipping it.
+if ((everything)); then
+  need chromium chromium
+  echo "chromium: $(chromium --version 2>/dev/null | head -n 1)"
 fi
 
 if ((${#installed[@]})); then
