@@ -182,17 +182,18 @@ func parseDuration(s string) (time.Duration, error) {
 
 // durationFlag is a flag.Value for durations that take days too.
 type durationFlag struct {
-	d   time.Duration
-	set bool
+	d    time.Duration
+	text string // as given, for messages
+	set  bool
 }
 
-func (f *durationFlag) String() string { return "" }
+func (f *durationFlag) String() string { return f.text }
 func (f *durationFlag) Set(s string) error {
 	d, err := parseDuration(s)
 	if err != nil {
 		return err
 	}
-	f.d, f.set = d, true
+	f.d, f.text, f.set = d, s, true
 	return nil
 }
 
@@ -242,8 +243,8 @@ func (a *app) dlList(ctx context.Context, args []string) error {
 	}
 	t := newTable(a.stdout, "ID", "STATUS", "STAGE", "KIND", "TYPE", "CONSUMER", "ATTEMPTS", "LAST FAILED", "REASON")
 	for _, e := range entries {
-		t.row(strconv.FormatInt(e.ID, 10), string(e.Status), string(e.Stage), orDash(string(e.Kind)), cut(e.Message.Type, 40),
-			orDash(cut(e.Consumer, 24)), strconv.Itoa(e.Attempts), stamp(e.LastFailedAt), cut(e.Reason, 60))
+		t.row(strconv.FormatInt(e.ID, 10), string(e.Status), string(e.Stage), orDash(string(e.Kind)), orDash(cut(e.Message.Type, 40)),
+			orDash(cut(e.Consumer, 24)), strconv.Itoa(e.Attempts), stamp(e.LastFailedAt), cut(e.Reason, 48))
 	}
 	t.flush()
 	if len(entries) == flt.Limit {
@@ -327,11 +328,11 @@ func (a *app) printEntry(e deadletter.Entry) {
 	if m.ID != uuid.Nil {
 		line("event id", m.ID.String())
 	}
-	line("type", m.Type)
+	line("type", orDash(m.Type))
 	if m.Key != "" {
 		line("key", m.Key)
 	}
-	line("content type", m.ContentType)
+	line("content type", orDash(m.ContentType))
 	line("created", stamp(m.CreatedAt))
 	if len(m.Headers) > 0 {
 		fmt.Fprintln(w, "headers")

@@ -124,7 +124,7 @@ func TestDeadLettersList(t *testing.T) {
 		if strings.Contains(r.stdout, "\x1b") || !strings.Contains(r.stdout, `\x1b[31mred`) {
 			t.Errorf("a reason's escape sequence reached the terminal:\n%q", r.stdout)
 		}
-		for _, want := range []string{"ID", "KIND", "gave-up", "payment service timeout", "billing"} {
+		for _, want := range []string{"ID", "KIND", "gave-up", "gave up after 5 attempts: payment service", "billing"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("list lacks %q:\n%s", want, r.stdout)
 			}

@@ -68,10 +68,10 @@ func (a *app) prune(ctx context.Context, args []string) error {
 		return printJSON(a.stdout, r)
 	}
 	if inbox.set {
-		fmt.Fprintf(a.stdout, "deleted %s inbox keys older than %v\n", count(r.InboxKeys), inbox.d)
+		fmt.Fprintf(a.stdout, "deleted %s inbox keys older than %s\n", count(r.InboxKeys), inbox.text)
 	}
 	if dead.set {
-		fmt.Fprintf(a.stdout, "deleted %s dead letters replayed or discarded more than %v ago\n", count(r.DeadLetters), dead.d)
+		fmt.Fprintf(a.stdout, "deleted %s dead letters replayed or discarded more than %s ago\n", count(r.DeadLetters), dead.text)
 	}
 	return nil
 }

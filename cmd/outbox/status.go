@@ -220,7 +220,7 @@ func (a *app) printReport(r *report) {
 		t := newTable(w, "  STAGE", "KIND", "TYPE", "CONSUMER", "COUNT", "LAST FAILED")
 		for _, g := range dl.Groups {
 			if g.Status == "pending" {
-				t.row("  "+g.Stage, orDash(g.Kind), cut(g.EventType, 40), orDash(cut(g.Consumer, 30)), count(g.Count), stamp(g.LastFailedAt))
+				t.row("  "+g.Stage, orDash(g.Kind), orDash(cut(g.EventType, 40)), orDash(cut(g.Consumer, 30)), count(g.Count), stamp(g.LastFailedAt))
 			}
 		}
 		t.flush()
