@@ -24,6 +24,10 @@ const base = "github.com/txoutbox/outbox"
 // transport — those the README's snippets use.
 var installed = []string{base, base + "/adapters/pgx", base + "/transports/sqs"}
 
+// commandModules are the operator's command and the modules of ours it requires.
+var commandModules = []string{base + "/cmd/outbox", base + "/adapters/sql", base + "/transports/azqueue",
+	base + "/transports/kafka", base + "/transports/nats", base + "/transports/rabbitmq"}
+
 // TestInstallFromTags proves the install story without publishing anything: it releases the
 // committed HEAD in a clone (scripts/release.sh, at a version of its own), serves the
 // clone's tags as a local module proxy (the go command fetching them with git, from the
@@ -47,7 +51,7 @@ func TestInstallFromTags(t *testing.T) {
 	gomodcache := strings.TrimSpace(run(t, repo, nil, "go", "env", "GOMODCACHE"))
 	// The third-party modules the outside module needs, in this machine's cache (the only
 	// step that may use the network, and only on a machine that never built these modules).
-	for _, d := range []string{"adapters/pgx", "transports/sqs"} {
+	for _, d := range []string{"adapters/pgx", "transports/sqs", "cmd/outbox"} {
 		run(t, filepath.Join(repo, d), nil, "go", "mod", "download")
 	}
 
@@ -73,6 +77,11 @@ func TestInstallFromTags(t *testing.T) {
 		mods = append(mods, m+"@"+version)
 	}
 	run(t, tmp, fetch, "go", append([]string{"mod", "download"}, mods...)...)
+	var cmdMods []string // the operator's command and what it requires of ours
+	for _, m := range commandModules {
+		cmdMods = append(cmdMods, m+"@"+version)
+	}
+	run(t, tmp, fetch, "go", append([]string{"mod", "download"}, cmdMods...)...)
 	proxy := "file://" + filepath.Join(proxyCache, "cache", "download")
 
 	// The outside module.
@@ -87,6 +96,14 @@ func TestInstallFromTags(t *testing.T) {
 		"GOPROXY=" + proxy + ",file://" + filepath.Join(gomodcache, "cache", "download"),
 		"GOSUMDB=off", "GOPRIVATE=", "GONOPROXY=", "GIT_CONFIG_GLOBAL=/dev/null", "GOTOOLCHAIN=local"}
 	run(t, outside, env, "go", append([]string{"get"}, mods...)...)
+
+	// The operator's command installs with go install at the release's version, as a static
+	// binary, and says which version it is.
+	bin := filepath.Join(tmp, "bin")
+	run(t, outside, append(env, "GOBIN="+bin, "CGO_ENABLED=0"), "go", "install", base+"/cmd/outbox@"+version)
+	if out := run(t, outside, nil, filepath.Join(bin, "outbox"), "version"); !strings.HasPrefix(out, "outbox "+version) {
+		t.Fatalf("the installed command says %q, want its version %s", out, version)
+	}
 	var pkgs, programs []string
 	for i, s := range readmetest.Snippets(t, "../README.md") {
 		src, err := s.Program(imports)
