@@ -22,6 +22,10 @@ var (
 	// ErrInvalidEvent is wrapped by the errors of events Publish refuses: no ID, a nil
 	// payload or Encodable, or a type, key or header that breaks the rules of [Message].
 	ErrInvalidEvent = errors.New("outbox: invalid event")
+	// ErrSchema is wrapped by the adapters' Validate when an outbox's tables are not those
+	// this version expects: a migration not applied, one unknown to it (a newer release
+	// migrated the database), or a column missing. The error names every problem.
+	ErrSchema = errors.New("outbox: the schema is not current")
 )
 
 // EncodeError reports a payload its codec could not encode.

@@ -3,7 +3,10 @@ package outboxtest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/txoutbox/outbox"
 )
 
 // MigrateFixture is one fresh, unmigrated outbox of the adapter under test, whose
@@ -13,6 +16,8 @@ type MigrateFixture[TTx any] struct {
 	Migrate func(ctx context.Context) error
 	// MigrateTx is the adapter's MigrateTx inside tx.
 	MigrateTx func(ctx context.Context, tx TTx) error
+	// Validate is the adapter's Validate.
+	Validate func(ctx context.Context) error
 	// InTx runs fn in a transaction of the adapter's kind, committed when fn returns nil.
 	InTx func(ctx context.Context, fn func(tx TTx) error) error
 	// Migrated reports whether the outbox's tables exist, and how many migrations are
@@ -26,13 +31,16 @@ type MigrateFixture[TTx any] struct {
 
 // ExerciseMigrate runs the migration suite: Migrate is idempotent and safe to run
 // concurrently; MigrateTx migrates inside the caller's transaction, or refuses where DDL
-// would commit it.
+// would commit it; Validate fails with outbox.ErrSchema until the outbox is migrated.
 func ExerciseMigrate[TTx any](t *testing.T, newFixture func(t *testing.T) *MigrateFixture[TTx]) {
 	t.Helper()
 	ctx := context.Background()
 	t.Run("ConcurrentAndIdempotent", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
+		if err := f.Validate(ctx); !errors.Is(err, outbox.ErrSchema) || !strings.Contains(err.Error(), "migration 1 (outbox) is not applied") {
+			t.Fatalf("Validate before Migrate: %v, want outbox.ErrSchema naming migration 1", err)
+		}
 		errs := make(chan error, 3)
 		for range 3 {
 			go func() { errs <- f.Migrate(ctx) }()
@@ -47,6 +55,9 @@ func ExerciseMigrate[TTx any](t *testing.T, newFixture func(t *testing.T) *Migra
 		}
 		if exists, versions, err := f.Migrated(ctx); err != nil || !exists || versions != f.Versions {
 			t.Fatalf("after Migrate: tables %v, %d migrations recorded (%v); want %d", exists, versions, err, f.Versions)
+		}
+		if err := f.Validate(ctx); err != nil {
+			t.Fatalf("Validate after Migrate: %v", err)
 		}
 	})
 	t.Run("MigrateTx", func(t *testing.T) {

@@ -76,6 +76,9 @@ func Migrate(ctx context.Context, db *bun.DB) error { return defaultOutbox.Migra
 // MigrateTx creates or upgrades the default outbox's tables inside tx. See [Outbox.MigrateTx].
 func MigrateTx(ctx context.Context, tx bun.Tx) error { return defaultOutbox.MigrateTx(ctx, tx) }
 
+// Validate checks the default outbox's tables. See [Outbox.Validate].
+func Validate(ctx context.Context, db *bun.DB) error { return defaultOutbox.Validate(ctx, db) }
+
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
 func NewStore(db *bun.DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
 
@@ -171,6 +174,21 @@ func (o *Outbox) MigrateTx(ctx context.Context, tx bun.Tx) error {
 	}
 	if err := d.Migrate(ctx, sqlstore.StdTxDB(tx.Tx), n); err != nil {
 		return fmt.Errorf("outboxbun: migrating %s (%s): %w", n.Outbox, d.Name(), err)
+	}
+	return nil
+}
+
+// Validate checks, changing nothing, that o's tables are those this version expects: every
+// migration applied, none unknown to it, every column the library reads and writes there.
+// Call it at start when the schema is migrated by another tool (the SQL of
+// "outbox migrate --script"). The error wraps [outbox.ErrSchema] and names every problem.
+func (o *Outbox) Validate(ctx context.Context, db *bun.DB) error {
+	d, n, err := o.dialect(db)
+	if err != nil {
+		return err
+	}
+	if err := sqlstore.Validate(ctx, d, sqlstore.StdQuerier(db.DB), n); err != nil {
+		return fmt.Errorf("outboxbun: %w", err)
 	}
 	return nil
 }

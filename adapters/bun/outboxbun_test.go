@@ -242,6 +242,7 @@ func TestMigrate(t *testing.T) {
 				f := &outboxtest.MigrateFixture[bun.Tx]{
 					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, db) },
 					MigrateTx: o.MigrateTx,
+					Validate:  func(ctx context.Context) error { return o.Validate(ctx, db) },
 					InTx: func(ctx context.Context, fn func(bun.Tx) error) error {
 						return db.RunInTx(ctx, nil, func(_ context.Context, tx bun.Tx) error { return fn(tx) })
 					},
@@ -252,6 +253,7 @@ func TestMigrate(t *testing.T) {
 				if tg.DefaultNames() {
 					f.Migrate = func(ctx context.Context) error { return outboxbun.Migrate(ctx, db) }
 					f.MigrateTx = outboxbun.MigrateTx
+					f.Validate = func(ctx context.Context) error { return outboxbun.Validate(ctx, db) }
 				}
 				return f
 			})

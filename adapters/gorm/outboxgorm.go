@@ -77,6 +77,9 @@ func Migrate(db *gorm.DB) error { return defaultOutbox.Migrate(db) }
 // MigrateTx creates or upgrades the default outbox's tables inside tx. See [Outbox.MigrateTx].
 func MigrateTx(tx *gorm.DB) error { return defaultOutbox.MigrateTx(tx) }
 
+// Validate checks the default outbox's tables. See [Outbox.Validate].
+func Validate(db *gorm.DB) error { return defaultOutbox.Validate(db) }
+
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
 func NewStore(db *gorm.DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
 
@@ -141,6 +144,25 @@ func (o *Outbox) MigrateTx(tx *gorm.DB) error {
 	}
 	if err := d.Migrate(contextOf(tx), sqlstore.StdTxDB(pool), n); err != nil {
 		return fmt.Errorf("outboxgorm: migrating %s (%s): %w", n.Outbox, d.Name(), err)
+	}
+	return nil
+}
+
+// Validate checks, changing nothing, that o's tables are those this version expects: every
+// migration applied, none unknown to it, every column the library reads and writes there.
+// Call it at start when the schema is migrated by another tool (the SQL of
+// "outbox migrate --script"). The error wraps [outbox.ErrSchema] and names every problem.
+func (o *Outbox) Validate(db *gorm.DB) error {
+	d, n, err := o.dialect(db)
+	if err != nil {
+		return err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return fmt.Errorf("outboxgorm: Validate needs a *gorm.DB over a connection pool: %w", err)
+	}
+	if err := sqlstore.Validate(contextOf(db), d, sqlstore.StdQuerier(sqlDB), n); err != nil {
+		return fmt.Errorf("outboxgorm: %w", err)
 	}
 	return nil
 }

@@ -232,6 +232,7 @@ func TestMigrate(t *testing.T) {
 				f := &outboxtest.MigrateFixture[*gorm.DB]{
 					Migrate:   func(ctx context.Context) error { return o.Migrate(db.WithContext(ctx)) },
 					MigrateTx: func(ctx context.Context, tx *gorm.DB) error { return o.MigrateTx(tx.WithContext(ctx)) },
+					Validate:  func(ctx context.Context) error { return o.Validate(db.WithContext(ctx)) },
 					InTx: func(ctx context.Context, fn func(*gorm.DB) error) error {
 						return db.WithContext(ctx).Transaction(fn)
 					},
@@ -242,6 +243,7 @@ func TestMigrate(t *testing.T) {
 				if tg.DefaultNames() {
 					f.Migrate = func(ctx context.Context) error { return outboxgorm.Migrate(db.WithContext(ctx)) }
 					f.MigrateTx = func(ctx context.Context, tx *gorm.DB) error { return outboxgorm.MigrateTx(tx.WithContext(ctx)) }
+					f.Validate = func(ctx context.Context) error { return outboxgorm.Validate(db.WithContext(ctx)) }
 				}
 				return f
 			})

@@ -46,6 +46,7 @@ func TestMigrate(t *testing.T) {
 				f := &outboxtest.MigrateFixture[pgx.Tx]{
 					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, pool) },
 					MigrateTx: o.MigrateTx,
+					Validate:  func(ctx context.Context) error { return o.Validate(ctx, pool) },
 					Migrated: func(ctx context.Context) (bool, int, error) {
 						var exists bool
 						var versions int
@@ -72,6 +73,7 @@ func TestMigrate(t *testing.T) {
 					t.Cleanup(pool.Close)
 					f.Migrate = func(ctx context.Context) error { return outboxpgx.Migrate(ctx, pool) }
 					f.MigrateTx = outboxpgx.MigrateTx
+					f.Validate = func(ctx context.Context) error { return outboxpgx.Validate(ctx, pool) }
 				}
 				f.InTx = func(ctx context.Context, fn func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, pool, fn) }
 				return f

@@ -69,6 +69,9 @@ func MigrateTx(ctx context.Context, tx pgx.Tx) error { return defaultOutbox.Migr
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
 func NewStore(db DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
 
+// Validate checks the default outbox's tables. See [Outbox.Validate].
+func Validate(ctx context.Context, db DB) error { return defaultOutbox.Validate(ctx, db) }
+
 // copyThreshold is the batch size from which COPY beats a multi-row INSERT: COPY costs an
 // extra round trip to describe the table, repaid from a few dozen rows on.
 const copyThreshold = 32
@@ -131,6 +134,20 @@ func (o *Outbox) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 	}
 	if err := sqlstore.Postgres.Migrate(ctx, pool{tx}, o.names); err != nil {
 		return fmt.Errorf("outboxpgx: migrating: %w", err)
+	}
+	return nil
+}
+
+// Validate checks, changing nothing, that o's tables are those this version expects: every
+// migration applied, none unknown to it, every column the library reads and writes there.
+// Call it at start when the schema is migrated by another tool (the SQL of
+// "outbox migrate --script"). The error wraps [outbox.ErrSchema] and names every problem.
+func (o *Outbox) Validate(ctx context.Context, db DB) error {
+	if db == nil {
+		return errors.New("outboxpgx: Validate needs a database (a *pgxpool.Pool), got nil")
+	}
+	if err := sqlstore.Validate(ctx, sqlstore.Postgres, pool{db}, o.names); err != nil {
+		return fmt.Errorf("outboxpgx: %w", err)
 	}
 	return nil
 }

@@ -139,6 +139,29 @@ func MigrateTx(ctx context.Context, d Dialect, tx *sql.Tx) error {
 	return o.MigrateTx(ctx, tx)
 }
 
+// Validate checks, changing nothing, that o's tables are those this version expects: every
+// migration applied, none unknown to it, every column the library reads and writes there.
+// Call it at start when the schema is migrated by another tool (the SQL of
+// "outbox migrate --script"). The error wraps [outbox.ErrSchema] and names every problem.
+func (o *Outbox) Validate(ctx context.Context, db *sql.DB) error {
+	if db == nil {
+		return errors.New("outboxsql: Validate needs a *sql.DB, got nil")
+	}
+	if err := sqlstore.Validate(ctx, o.d, sqlstore.StdQuerier(db), o.names); err != nil {
+		return fmt.Errorf("outboxsql: %w", err)
+	}
+	return nil
+}
+
+// Validate checks dialect d's default outbox. See [Outbox.Validate].
+func Validate(ctx context.Context, d Dialect, db *sql.DB) error {
+	o, err := defaultOutbox(d)
+	if err != nil {
+		return err
+	}
+	return o.Validate(ctx, db)
+}
+
 // NewStore returns the relay store of dialect d's default outbox. See [Outbox.NewStore].
 func NewStore(d Dialect, db *sql.DB) (outbox.Store, error) {
 	o, err := defaultOutbox(d)

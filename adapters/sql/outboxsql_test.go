@@ -222,6 +222,7 @@ func TestMigrate(t *testing.T) {
 				f := &outboxtest.MigrateFixture[*sql.Tx]{
 					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, tg.DB) },
 					MigrateTx: func(ctx context.Context, tx *sql.Tx) error { return o.MigrateTx(ctx, tx) },
+					Validate:  func(ctx context.Context) error { return o.Validate(ctx, tg.DB) },
 					InTx: func(ctx context.Context, fn func(*sql.Tx) error) error {
 						tx, err := tg.DB.BeginTx(ctx, nil)
 						if err != nil {
@@ -239,6 +240,7 @@ func TestMigrate(t *testing.T) {
 				if tg.DefaultNames() {
 					f.Migrate = func(ctx context.Context) error { return outboxsql.Migrate(ctx, d.dialect, tg.DB) }
 					f.MigrateTx = func(ctx context.Context, tx *sql.Tx) error { return outboxsql.MigrateTx(ctx, d.dialect, tx) }
+					f.Validate = func(ctx context.Context) error { return outboxsql.Validate(ctx, d.dialect, tg.DB) }
 				}
 				return f
 			})

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/txoutbox/outbox"
 )
 
 // This file holds what an operator asks of an outbox beyond the relay's and the consumers'
@@ -176,9 +178,8 @@ var tableColumns = []struct {
 	{"_http_responses", []string{"consumer", "event_id", "request_hash", "status", "headers", "body", "processed_at"}},
 }
 
-// ErrSchema is returned by [Validate] when an outbox's schema is not the one this build
-// expects.
-var ErrSchema = errors.New("outbox: the schema is not current")
+// ErrSchema is outbox.ErrSchema, which [Validate] wraps.
+var ErrSchema = outbox.ErrSchema
 
 // Validate checks that n's tables are those this build of d expects: every migration
 // applied, none unknown, and every table with the columns the library reads and writes.
