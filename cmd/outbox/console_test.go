@@ -232,6 +232,26 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("relaying the replay: %d, %v, sent %v; want the event %s once", n, err, sender.sent, e.Message.ID)
 	}
 
+	// A forged form (its token changed in the page) is refused, and nothing changes.
+	var refused string
+	if err := chromedp.Run(ctx,
+		chromedp.Navigate(fmt.Sprintf("%s/dead-letters/%d", base, ids["gave-up"])),
+		chromedp.WaitVisible("#discard"),
+		chromedp.Evaluate(`document.querySelectorAll('input[name="csrf"]').forEach(i => i.value = "forged")`, nil),
+		chromedp.Click("#discard", chromedp.ByQuery),
+		chromedp.WaitVisible(".error"),
+		chromedp.Text(".error", &refused),
+		screenshot(t, ctx, "csrf-refused"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(refused, "CSRF") {
+		t.Fatalf("a forged action: %q", refused)
+	}
+	if e, err := dead.Get(context.Background(), ids["gave-up"]); err != nil || e.Status != deadletter.StatusPending {
+		t.Fatalf("the forged discard changed the entry: %v (%v)", e.Status, err)
+	}
+
 	var rawBody string
 	if err := chromedp.Run(ctx,
 		chromedp.Navigate(fmt.Sprintf("%s/dead-letters/%d", base, ids["malformed"])),
