@@ -36,7 +36,8 @@ type Config struct {
 	DeadLetters deadletter.Writer
 	// Concurrency caps how many received messages are unsettled at once: being handled, or
 	// waiting behind an earlier delivery of their key (one key is handled sequentially).
-	// A slow handler on a busy key can therefore hold several slots. Default 10.
+	// A slow handler on a busy key can therefore hold several slots. Handlers run on up to
+	// Concurrency long-lived goroutines, started as the load needs them. Default 10.
 	Concurrency int
 	// BatchSize caps one Receive. Default 10.
 	BatchSize int
@@ -137,9 +138,6 @@ type Consumer struct {
 	handlers map[string]MessageHandler
 	obs      consumerTelemetry
 	running  sync.Mutex
-
-	mu    sync.Mutex
-	keyed map[string][]outbox.Delivery // per-key queues of deliveries waiting their turn
 }
 
 // New returns a consumer reading from r. Register handlers with [Handle] before Run.
@@ -156,7 +154,6 @@ func New(r outbox.Receiver, cfg *Config) (*Consumer, error) {
 		recv:     r,
 		cfg:      c,
 		handlers: map[string]MessageHandler{},
-		keyed:    map[string][]outbox.Delivery{},
 	}
 	cons.obs.init(&cons.cfg, r)
 	return cons, nil
@@ -282,8 +279,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stop()
 
 	slots := make(chan struct{}, c.cfg.Concurrency)
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	p := &pool{c: c, ctx: work, slots: slots, jobs: make(chan job), keyed: map[string][]received{}}
+	defer p.close()
 	failures := 0
 	for ctx.Err() == nil {
 		// Wait for a free slot, then receive no more than the free slots.
@@ -321,59 +318,117 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		failures = 0
 		for _, d := range ds {
-			c.dispatch(work, d, slots, &wg)
+			p.dispatch(d)
 		}
 	}
 	return nil
 }
 
-// dispatch handles d in its own goroutine, after any earlier delivery of the same key.
-func (c *Consumer) dispatch(ctx context.Context, d outbox.Delivery, slots chan struct{}, wg *sync.WaitGroup) {
-	m, err := d.Message()
-	key := ""
-	if err == nil {
-		key = m.Key
-	}
-	if key == "" {
-		wg.Go(func() {
-			defer func() { <-slots }()
-			c.handle(ctx, d)
-		})
+// received is a delivery with its message, read once.
+type received struct {
+	d   outbox.Delivery
+	m   outbox.Message
+	err error // from d.Message: the delivery is malformed
+}
+
+// job is work for one of the pool's workers: a delivery without a key, or a key whose
+// queue (pool.keyed) to work through.
+type job struct {
+	r   received
+	key string
+}
+
+// pool runs the handlers of one Run on up to Concurrency long-lived workers, started as
+// the load needs them. A goroutine per delivery would start on a small stack and grow it
+// by copying on every delivery (a database call goes deep); a worker grows it once.
+// Every job holds at least one of the Concurrency slots until its last delivery is
+// settled, so Concurrency workers are always enough: a job waits for a worker only while
+// one is finishing the job before.
+type pool struct {
+	c       *Consumer
+	ctx     context.Context // the handlers' context: outlives Run's by up to ShutdownTimeout
+	slots   chan struct{}   // one per unsettled delivery, taken by Run before it receives
+	jobs    chan job        // unbuffered: a send succeeds when a worker is idle
+	workers int             // started so far; only Run's goroutine reads or writes it
+	wg      sync.WaitGroup
+
+	mu    sync.Mutex
+	keyed map[string][]received // per-key queues of deliveries waiting their turn
+}
+
+// dispatch has d handled by a worker, after any earlier delivery of its key.
+func (p *pool) dispatch(d outbox.Delivery) {
+	r := received{d: d}
+	r.m, r.err = d.Message()
+	if r.err != nil || r.m.Key == "" {
+		p.submit(job{r: r})
 		return
 	}
-	c.mu.Lock()
-	queue, busy := c.keyed[key]
-	c.keyed[key] = append(queue, d)
-	c.mu.Unlock()
-	if busy {
-		return // the key's worker will get to it, in order
+	p.mu.Lock()
+	queue, busy := p.keyed[r.m.Key]
+	p.keyed[r.m.Key] = append(queue, r)
+	p.mu.Unlock()
+	if !busy { // otherwise the worker on the key gets to it, in order
+		p.submit(job{key: r.m.Key})
 	}
-	wg.Go(func() {
+}
+
+// submit hands j to an idle worker, or to a new one while there are fewer than
+// Concurrency; else it waits for a worker to finish its job.
+func (p *pool) submit(j job) {
+	select {
+	case p.jobs <- j:
+		return
+	default:
+	}
+	if p.workers < p.c.cfg.Concurrency {
+		p.workers++
+		p.wg.Go(func() { p.work(j) })
+		return
+	}
+	p.jobs <- j
+}
+
+// work runs j, then the jobs it is given until the pool closes.
+func (p *pool) work(j job) {
+	for ok := true; ok; j, ok = <-p.jobs {
+		if j.key == "" {
+			p.c.handle(p.ctx, j.r)
+			<-p.slots
+			continue
+		}
 		for {
-			c.mu.Lock()
-			q := c.keyed[key]
+			p.mu.Lock()
+			q := p.keyed[j.key]
 			if len(q) == 0 {
-				delete(c.keyed, key)
-				c.mu.Unlock()
-				return
+				delete(p.keyed, j.key)
+				p.mu.Unlock()
+				break
 			}
 			next := q[0]
-			c.keyed[key] = q[1:]
-			c.mu.Unlock()
-			c.handle(ctx, next)
-			<-slots
+			q[0] = received{} // let the settled delivery be collected
+			p.keyed[j.key] = q[1:]
+			p.mu.Unlock()
+			p.c.handle(p.ctx, next)
+			<-p.slots
 		}
-	})
+	}
+}
+
+// close stops the workers once their jobs are done and waits for them.
+func (p *pool) close() {
+	close(p.jobs)
+	p.wg.Wait()
 }
 
 // handle runs one delivery to its end: ack, nack with a delay, or dead letter and ack.
-func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
+func (c *Consumer) handle(ctx context.Context, r received) {
 	start := time.Now()
+	d, m := r.d, r.m
 	attempt := d.Attempt()
-	m, err := d.Message()
 	dest := c.obs.destination(d, m)
-	if err != nil {
-		c.deadLetter(ctx, d, malformed(m, err), attempt, dest)
+	if r.err != nil {
+		c.deadLetter(ctx, d, malformed(m, r.err), attempt, dest)
 		return
 	}
 	ctx, span := c.obs.startProcess(ctx, m, dest, attempt)
@@ -385,7 +440,7 @@ func (c *Consumer) handle(ctx context.Context, d outbox.Delivery) {
 		return
 	}
 	run := &running{info: Info{Consumer: c.cfg.Name, Attempt: attempt}}
-	err = callHandler(context.WithValue(ctx, infoKey{}, run), h, m)
+	err := callHandler(context.WithValue(ctx, infoKey{}, run), h, m)
 	c.obs.processed(ctx, span, m, dest, start, err)
 	defer span.End()
 	if err == nil {

@@ -225,6 +225,59 @@ func TestPerKeyOrder(t *testing.T) {
 	}
 }
 
+// TestConcurrencyCapsHandlersInFlight: with Concurrency 4 and 20 blocked handlers, exactly 4
+// run at once, keyless or keyed; releasing one lets exactly one more start.
+func TestConcurrencyCapsHandlersInFlight(t *testing.T) {
+	for _, keyed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keyed=%v", keyed), func(t *testing.T) {
+			t.Parallel()
+			const limit, n = 4, 20
+			h := newHarness(t, nil, consumer.Config{Concurrency: limit, BatchSize: n})
+			var (
+				mu            sync.Mutex
+				running, peak int
+				started       int
+			)
+			release := make(chan struct{})
+			consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[Paid]) error {
+				mu.Lock()
+				running++
+				started++
+				peak = max(peak, running)
+				mu.Unlock()
+				<-release
+				mu.Lock()
+				running--
+				mu.Unlock()
+				return nil
+			})
+			for i := range n {
+				var opts []outbox.Option
+				if keyed { // 10 keys of two events: the second waits for the first, holding a slot
+					opts = append(opts, outbox.WithKey(fmt.Sprint("k", i%10)))
+				}
+				h.send(t, outbox.New(Paid{i}, opts...))
+			}
+			h.run(t)
+			releaseAll := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(releaseAll) // before the harness stops the consumer, if the test failed
+			startedNow := func() int { mu.Lock(); defer mu.Unlock(); return started }
+			outboxtest.WaitFor(t, 10*time.Second, "the first handlers to start", func() bool { return startedNow() == limit })
+			for want := limit + 1; want <= n; want++ {
+				release <- struct{}{}
+				outboxtest.WaitFor(t, 10*time.Second, "the next handler to start", func() bool { return startedNow() >= want })
+			}
+			releaseAll()
+			outboxtest.WaitFor(t, 10*time.Second, "all acknowledged", func() bool { return h.q.Len() == 0 })
+			mu.Lock()
+			defer mu.Unlock()
+			if peak != limit || started != n {
+				t.Fatalf("%d handlers ran at once at most (want %d), %d ran (want %d)", peak, limit, started, n)
+			}
+		})
+	}
+}
+
 func TestShutdownFinishesInFlightAndNeverAcksUnfinished(t *testing.T) {
 	h := newHarness(t, nil, consumer.Config{ShutdownTimeout: 200 * time.Millisecond})
 	started := make(chan int, 2)
