@@ -3,25 +3,24 @@ package outboxnats_test
 import (
 	"context"
 	"maps"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/internal/benchtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
 
 // BenchmarkJetStream compares, in one run and against the same server, the rate at which
-// events reach a JetStream stream (file storage) by four paths:
+// events reach a JetStream stream (file storage) by these paths:
 //
 //   - bare: a plain nats.go async-publish loop (body and Nats-Msg-Id), then waiting for all
 //     acks: the broker's own publish rate from a client;
@@ -31,13 +30,16 @@ import (
 //   - sender: outboxnats.Sender.Send in batches of 500, without a database;
 //   - relay: events committed to a PostgreSQL outbox, drained by a relay with the default
 //     config (Run: batches of 500, two claim → send → delete loops), timed until Run has
-//     returned with every batch written back.
+//     returned with every batch written back;
+//   - outbox-only: the same relay sending to a Sender that drops everything: the relay's
+//     PostgreSQL side alone.
 //
-// b.N is the number of events each path sends. The paths take turns in rounds of 10,000
-// events, so load from elsewhere on the machine weighs on all of them alike. Reported:
-// events/s of each path, relay/bare and relay/bare-ce (DESIGN §11: relay/bare ≥ 0.5), and on
-// Linux the machine's busy CPU time per event of each path (broker, PostgreSQL and this
-// process share the machine, so this is what bounds the rates). Run it with a fixed count:
+// b.N is the number of events each path sends; the paths take turns in rounds of 10,000
+// events (benchtest.Rounds). Reported: events/s of each path, relay/bare and relay/bare-ce
+// (DESIGN §11: relay/bare ≥ 0.5), and on Linux the CPU time per event of each path: the
+// machine's busy time (broker, PostgreSQL and this process share the machine, so this is
+// what bounds the rates), and that of this process, of nats-server, and of the relays'
+// own PostgreSQL backends ("postgres"). Run it with a fixed count:
 //
 //	go test -run '^$' -bench BenchmarkJetStream -benchtime 50000x
 func BenchmarkJetStream(b *testing.B) {
@@ -48,14 +50,6 @@ func BenchmarkJetStream(b *testing.B) {
 		return newDestination(b, js, outboxnats.Topology{}, outboxnats.SenderConfig{})
 	}
 
-	type path struct {
-		name string
-		dst  *destination
-		// prepare readies n events untimed and returns the timed part.
-		prepare func(d *destination, n int) func()
-		spent   time.Duration
-		cpu     int64 // busy jiffies, -1 when unknown
-	}
 	// publishAll publishes msgs asynchronously and waits for every ack.
 	publishAll := func(msgs func(i int) *nats.Msg, n int) {
 		for i := range n {
@@ -132,138 +126,88 @@ func BenchmarkJetStream(b *testing.B) {
 			}
 		}
 	}
-	pg := pgxtest.New(b, "outboxnats")
+	// The relays' database connections carry an application_name of their own, so that
+	// what their backends spend can be told from what other sessions cost the server.
+	app := "outboxnats_bench_" + unique()
+	var pg *pgxtest.Outbox // either relay's: for pg_stat_activity
+	// relayPath drains an outbox of its own through s.
+	relayPath := func(s outbox.Sender) func(_ *destination, n int) func() {
+		o := pgxtest.New(b, "outboxnats")
+		pg = o
+		cfg, err := pgxpool.ParseConfig(pgxtest.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(pool.Close)
+		store, err := o.NewStore(pool)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			if left := o.Count(b, "outbox"); left != 0 {
+				b.Errorf("%d events left in the outbox, want 0", left)
+			}
+		})
+		prepare := benchtest.RelayPath(b, store, s, func(n int) {
+			for start := 0; start < n; start += 1000 {
+				events := make([]outbox.Encodable, 0, 1000)
+				for range min(1000, n-start) {
+					events = append(events, outbox.New(orderPlaced{OrderID: "o-123456", Note: "benchmark event"}))
+				}
+				o.Commit(b, events...)
+			}
+		})
+		return func(_ *destination, n int) func() { return prepare(n) }
+	}
 	relayDst := fresh()
-	sink := &countingSender{Sender: relayDst.sender}
-	relay := quietRelay(b, pg, sink, outbox.RelayConfig{})
-	relayPath := func(_ *destination, n int) func() {
-		for start := 0; start < n; start += 1000 {
-			events := make([]outbox.Encodable, 0, 1000)
-			for range min(1000, n-start) {
-				events = append(events, outbox.New(orderPlaced{OrderID: "o-123456", Note: "benchmark event"}))
-			}
-			pg.Commit(b, events...)
+	relay, outboxOnly := relayPath(relayDst.sender), relayPath(benchtest.Discard{})
+	backends := func() []int {
+		rows, err := pg.Pool.Query(context.Background(), "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app)
+		if err != nil {
+			return nil
 		}
-		return func() {
-			sent := sink.expect(n)
-			ctx, cancel := context.WithCancel(context.Background())
-			ran := make(chan struct{})
-			go func() { defer close(ran); _ = relay.Run(ctx) }()
-			select {
-			case <-sent:
-			case <-time.After(time.Minute):
-				b.Error("the relay did not send every event within a minute")
-			}
-			cancel()
-			<-ran
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return nil
 		}
+		return append([]int{}, pids...) // none yet is a reading too
 	}
 
-	paths := []*path{
-		{name: "bare", dst: fresh(), prepare: bare},
-		{name: "bare-ce", dst: ceDst, prepare: bareCE},
-		{name: "sender", dst: fresh(), prepare: sender},
-		{name: "relay", dst: relayDst, prepare: relayPath},
+	paths := []struct {
+		name    string
+		dst     *destination // nil: no stream
+		prepare func(d *destination, n int) func()
+	}{
+		{"bare", fresh(), bare},
+		{"bare-ce", ceDst, bareCE},
+		{"sender", fresh(), sender},
+		{"relay", relayDst, relay},
+		{"outbox-only", nil, outboxOnly},
 	}
-	const round = 10000
-	b.ResetTimer()
-	for done := 0; done < b.N; done += round {
-		n := min(round, b.N-done)
-		for _, p := range paths {
-			run := p.prepare(p.dst, n)
-			cpu0 := busyJiffies()
-			start := time.Now()
-			run()
-			p.spent += time.Since(start)
-			if cpu1 := busyJiffies(); cpu0 < 0 || cpu1 < 0 || p.cpu < 0 {
-				p.cpu = -1
-			} else {
-				p.cpu += cpu1 - cpu0
-			}
-		}
+	var rounds []*benchtest.Path
+	for _, p := range paths {
+		rounds = append(rounds, &benchtest.Path{Name: p.name, Prepare: func(n int) func() { return p.prepare(p.dst, n) }})
 	}
-	b.StopTimer()
+	meters := []benchtest.Meter{benchtest.Processes("self"), benchtest.Processes("nats-server"), benchtest.PIDs("postgres", backends)}
+	rate := benchtest.Rounds(b, 10000, meters, rounds...)
 
 	for _, p := range paths {
+		if p.dst == nil {
+			continue
+		}
 		if got := streamMsgs(b, p.dst.stream); got != uint64(b.N) {
 			b.Fatalf("%s: the stream holds %d messages, want %d", p.name, got, b.N)
-		}
-	}
-	if left := pg.Count(b, "outbox"); left != 0 {
-		b.Fatalf("%d events left in the outbox, want 0", left)
-	}
-	rate := map[string]float64{}
-	b.ReportMetric(0, "ns/op")
-	for _, p := range paths {
-		rate[p.name] = float64(b.N) / p.spent.Seconds()
-		b.ReportMetric(rate[p.name], p.name+"-ev/s")
-		if p.cpu >= 0 {
-			b.ReportMetric(float64(p.cpu)*1e6/float64(clockTicks)/float64(b.N), p.name+"-cpu-µs/ev")
 		}
 	}
 	b.ReportMetric(rate["relay"]/rate["bare"], "relay/bare")
 	b.ReportMetric(rate["relay"]/rate["bare-ce"], "relay/bare-ce")
 	b.ReportMetric(rate["sender"]/rate["bare"], "sender/bare")
+	b.ReportMetric(rate["relay"]/rate["outbox-only"], "relay/outbox-only")
 }
 
 func streamName(d *destination) string { return d.stream.CachedInfo().Config.Name }
-
-// countingSender passes sends on and signals once the expected number of messages went
-// through without error.
-type countingSender struct {
-	outbox.Sender
-	mu   sync.Mutex
-	left int
-	done chan struct{}
-}
-
-// expect arms the counter for n messages and returns the channel closed when they are sent.
-func (c *countingSender) expect(n int) <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.left, c.done = n, make(chan struct{})
-	return c.done
-}
-
-func (c *countingSender) Send(ctx context.Context, msgs []outbox.Message) error {
-	err := c.Sender.Send(ctx, msgs)
-	if err == nil {
-		c.mu.Lock()
-		if c.left -= len(msgs); c.left <= 0 && c.done != nil {
-			close(c.done)
-			c.done = nil
-		}
-		c.mu.Unlock()
-	}
-	return err
-}
-
-// clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux platform Go supports.
-const clockTicks = 100
-
-// busyJiffies returns the machine's non-idle CPU time from /proc/stat, or -1 off Linux.
-func busyJiffies() int64 {
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return -1
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
-	fields := strings.Fields(line)
-	if len(fields) < 5 || fields[0] != "cpu" {
-		return -1
-	}
-	if len(fields) > 9 {
-		fields = fields[:9] // guest time is counted in user time already
-	}
-	var busy int64
-	for i, f := range fields[1:] {
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return -1
-		}
-		if i != 3 && i != 4 { // idle, iowait
-			busy += v
-		}
-	}
-	return busy
-}

@@ -1,11 +1,14 @@
 // Package outboxnats is the NATS JetStream transport of txoutbox, built on nats.go's
 // jetstream package.
 //
-// A [Sender] publishes the relay's batches with JetStream async publish and waits for every
-// publish acknowledgement, so a message counts as delivered only once the stream has stored
-// it. Each message carries its event ID in the Nats-Msg-Id header (outbox.Message.DedupID:
-// a replayed dead letter gets a fresh one): the stream's duplicate
-// window drops a re-send (a relay that crashed between publishing and deleting the outbox
+// A [Sender] publishes the relay's batches asynchronously, up to MaxPending at once, and
+// waits for every publish acknowledgement, so a message counts as delivered only once the
+// stream has stored it. It speaks JetStream's publish protocol itself (a reply subject per
+// message, read on one subscription per Sender) rather than through nats.go's
+// PublishMsgAsync, whose per-message bookkeeping cost more CPU than the publish.
+//
+// Each message carries its event ID in the Nats-Msg-Id header (outbox.Message.DedupID: a
+// replayed dead letter gets a fresh one): the stream's duplicate window drops a re-send (a relay that crashed between publishing and deleting the outbox
 // row), and the publish acknowledgement says Duplicate. Keep the stream's Duplicates window
 // (server default 2 minutes) longer than the relay's Lease plus its SendTimeout, the longest
 // time before a crashed relay's messages are sent again. A re-send after the window (a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/textproto"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -42,9 +41,8 @@ type SenderConfig struct {
 	// max_payload, read from the connection at each Send, always applies; set this lower to
 	// match a stream's max_msg_size. Default 0: the server's max_payload alone.
 	MaxMessageBytes int
-	// MaxPending bounds how many publishes of one Send wait for their acks at once. Keep it
-	// at most the JetStream context's PublishAsyncMaxPending (nats.go default 4000).
-	// Default 1000.
+	// MaxPending bounds how many publishes of one Send wait for their acks at once: the
+	// Send publishes the next message once fewer are in flight. Default 1000.
 	MaxPending int
 }
 
@@ -110,15 +108,18 @@ type Sender struct {
 	cfg    SenderConfig
 	prefix string // SubjectPrefix + "."
 
+	acks  ackRouter
 	onAck func(outbox.Message, *jetstream.PubAck) // tests observe the stream's acks
 }
 
 // NewSender returns a sender publishing through js. It validates cfg (nil means the
 // defaults) and reports every problem at once.
 //
-// js's connection should stay open while the sender is used; Send fails fast while it is
-// disconnected, and the relay retries later. Setting jetstream.WithPublishAsyncTimeout on
-// js is not needed: each Send waits for its acks only until its context ends.
+// The sender publishes on js's connection and reads the stream's acks on a subscription of
+// its own to an inbox of that connection (nc.NewInbox, so a custom inbox prefix applies),
+// made at the first Send. The connection should stay open while the sender is used; Send
+// fails fast while it is disconnected, and the relay retries later. Each Send waits for its
+// acks only until its context ends; js's async-publish options do not apply.
 func NewSender(js jetstream.JetStream, cfg *SenderConfig) (*Sender, error) {
 	if js == nil || js.Conn() == nil {
 		return nil, errors.New("outboxnats: NewSender needs a JetStream context with a connection")
@@ -160,19 +161,13 @@ func (s *Sender) SubjectFor(m outbox.Message) (string, error) {
 	return subj, nil
 }
 
-// inflight is one published message waiting for the stream's ack.
-type inflight struct {
-	index int
-	subj  string
-	ack   jetstream.PubAckFuture
-}
-
 // Send publishes msgs and waits until the stream acknowledged each one, or ctx ends. It
 // returns nil when the stream stored them all (a duplicate the stream dropped counts as
 // stored), an *outbox.BatchError naming the messages that failed, or an error for the whole
 // batch when none could be published (the connection is down). A message over the size
 // limit, or that cannot be routed or carried in headers, is not sent and fails permanently
-// (outbox.ErrTooLarge for size); the rest of the batch is sent all the same.
+// (outbox.ErrTooLarge for size); the rest of the batch is sent all the same. At most
+// MaxPending messages wait for their acks at once.
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -185,47 +180,61 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		return fmt.Errorf("outboxnats: cannot send %d message(s): the connection is %s: %w", len(msgs), nc.Status(), nats.ErrDisconnected)
 	}
 	limit, limitName := s.limit()
+	p, err := s.acks.start(nc, len(msgs), s.onAck != nil)
+	if err != nil {
+		return err
+	}
+	defer s.acks.finish(p)
 
 	failed := map[int]error{}
-	queue := make([]inflight, 0, min(len(msgs), s.cfg.MaxPending))
-	var stop error // once set, the rest of the batch is not published
+	subjects := make([]string, len(msgs))
+	byType := map[string]string{} // the subject of each event type, checked once per Send
+	var stop error                // once set, the rest of the batch is not published
 	stopped := 0
 	for i, m := range msgs {
-		if stop == nil && ctx.Err() != nil {
-			stop = ctx.Err()
+		if stop == nil {
+			if err := p.wait(ctx, s.cfg.MaxPending-1); err != nil {
+				stop = err
+			}
 		}
 		if stop != nil {
 			failed[i] = fmt.Errorf("outboxnats: message %s not sent: %w", m.ID, stop)
 			stopped++
 			continue
 		}
-		nm, err := s.encode(m, limit, limitName)
+		nm, err := s.encode(m, limit, limitName, byType)
 		if err != nil {
 			failed[i] = err
 			continue
 		}
-		if len(queue) == s.cfg.MaxPending {
-			s.settle(ctx, msgs, queue[0], failed)
-			queue = queue[1:]
-		}
-		f, err := s.js.PublishMsgAsync(nm)
-		if err != nil {
+		subjects[i] = nm.Subject
+		if err := p.publish(i, nm); err != nil {
 			perr := fmt.Errorf("outboxnats: publishing message %s to %s: %w", m.ID, nm.Subject, err)
 			switch {
 			case errors.Is(err, nats.ErrMaxPayload):
 				failed[i] = fmt.Errorf("%w (%w)", perr, outbox.ErrTooLarge)
 			case errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrBadHeaderMsg):
 				failed[i] = outbox.Permanent(perr)
-			default: // the connection or the publisher is stuck: the rest would fail alike
+			default: // the connection is closed or its buffer full: the rest would fail alike
 				failed[i], stop = perr, err
 				stopped++
 			}
+		}
+	}
+	waitErr := p.wait(ctx, 0) // acks that arrived before ctx ended count
+	for i, m := range msgs {
+		if _, bad := failed[i]; bad {
 			continue
 		}
-		queue = append(queue, inflight{index: i, subj: nm.Subject, ack: f})
-	}
-	for _, p := range queue {
-		s.settle(ctx, msgs, p, failed)
+		ack, answered, err := p.outcome(i)
+		switch {
+		case !answered:
+			failed[i] = fmt.Errorf("outboxnats: no ack from the stream for message %s on %s: %w", m.ID, subjects[i], waitErr)
+		case err != nil:
+			failed[i] = ackError(m, subjects[i], err)
+		case s.onAck != nil:
+			s.onAck(m, ack)
+		}
 	}
 	if stopped == len(msgs) {
 		return fmt.Errorf("outboxnats: sending %d message(s): %w", len(msgs), stop)
@@ -234,34 +243,6 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		return &outbox.BatchError{Failed: failed}
 	}
 	return nil
-}
-
-// settle waits for p's ack and records a failure in failed.
-func (s *Sender) settle(ctx context.Context, msgs []outbox.Message, p inflight, failed map[int]error) {
-	m := msgs[p.index]
-	var (
-		ack *jetstream.PubAck
-		err error
-	)
-	select { // an ack that already arrived wins over an ended context
-	case ack = <-p.ack.Ok():
-	case err = <-p.ack.Err():
-	default:
-		select {
-		case ack = <-p.ack.Ok():
-		case err = <-p.ack.Err():
-		case <-ctx.Done():
-			failed[p.index] = fmt.Errorf("outboxnats: no ack from the stream for message %s on %s: %w", m.ID, p.subj, ctx.Err())
-			return
-		}
-	}
-	if err != nil {
-		failed[p.index] = ackError(m, p.subj, err)
-		return
-	}
-	if s.onAck != nil {
-		s.onAck(m, ack)
-	}
 }
 
 // ackError describes a publish the stream refused or never acknowledged.
@@ -277,24 +258,44 @@ func ackError(m outbox.Message, subj string, err error) error {
 }
 
 // encode turns m into a NATS message in CloudEvents binary mode, checking that it fits.
-func (s *Sender) encode(m outbox.Message, limit int, limitName string) (*nats.Msg, error) {
-	subj, err := s.SubjectFor(m)
-	if err != nil {
-		return nil, err
+// subjects, when not nil, remembers the checked subject of each event type for the next
+// messages of a Send (routing that depends only on the type).
+func (s *Sender) encode(m outbox.Message, limit int, limitName string, subjects map[string]string) (*nats.Msg, error) {
+	subj, ok := subjects[m.Type]
+	if !ok {
+		var err error
+		if subj, err = s.SubjectFor(m); err != nil {
+			return nil, err
+		}
+		if subjects != nil && s.cfg.Subject == nil {
+			subjects[m.Type] = subj
+		}
 	}
 	// Headers go straight into one nats.Header (no intermediate map), the values sharing one
-	// backing array: nats.Header wants a slice per key. This runs once per message.
+	// backing array: nats.Header wants a slice per key. Their size on the wire is counted as
+	// they are set. This runs once per message.
 	n := 8 + len(m.Headers) // 6 CloudEvents attributes, key, Nats-Msg-Id, expected stream
 	h := make(nats.Header, n)
 	vals := make([]string, 0, n)
+	hs := len("NATS/1.0\r\n") + len("\r\n")
 	set := func(k, v string) {
+		if old, dup := h[k]; dup {
+			hs -= headerLine(k, old[0])
+		}
 		vals = append(vals, v)
 		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+		hs += headerLine(k, v)
 	}
-	var unsafe error
+	var (
+		unsafe error
+		ceID   string
+	)
 	if err := outboxce.EachBinary(m, s.cfg.Source, func(k, v string) {
 		if unsafe == nil && !headerSafe(v) {
 			unsafe = outbox.Permanent(fmt.Errorf("outboxnats: message %s: header %s value %q cannot travel in a NATS header (leading or trailing space, or a line break)", m.ID, k, v))
+		}
+		if k == idHeader {
+			ceID = v
 		}
 		set(k, v)
 	}); err != nil {
@@ -303,36 +304,36 @@ func (s *Sender) encode(m outbox.Message, limit int, limitName string) (*nats.Ms
 	if unsafe != nil {
 		return nil, unsafe
 	}
-	set(jetstream.MsgIDHeader, m.DedupID())
+	dedup := ceID // m.ID as text, unless a foreign id or a replay makes DedupID differ
+	if m.Headers[outboxce.IDHeader] != "" || m.Headers[outbox.ReplayHeader] != "" || ceID == "" {
+		dedup = m.DedupID()
+	}
+	set(jetstream.MsgIDHeader, dedup)
 	if s.cfg.Stream != "" {
 		set(jetstream.ExpectedStreamHeader, s.cfg.Stream)
 	}
-	if hs := headerSize(h); limit > 0 && hs+len(m.Body) > limit {
+	if limit > 0 && hs+len(m.Body) > limit {
 		return nil, fmt.Errorf("outboxnats: message %s is %d bytes (body %d + headers %d), over %s of %s: %w",
 			m.ID, hs+len(m.Body), len(m.Body), hs, limitName, formatBytes(limit), outbox.ErrTooLarge)
 	}
 	return &nats.Msg{Subject: subj, Header: h, Data: m.Body}, nil
 }
 
-// headerSize is the size of h on the wire, as the server counts it against max_payload:
-// "NATS/1.0\r\n", a "key: value\r\n" line per value, and a closing "\r\n".
-func headerSize(h nats.Header) int {
-	if len(h) == 0 {
-		return 0
-	}
-	n := len("NATS/1.0\r\n") + len("\r\n")
-	for k, vs := range h {
-		for _, v := range vs {
-			n += len(k) + len(": ") + len(v) + len("\r\n")
-		}
-	}
-	return n
-}
+// idHeader carries the CloudEvents id in binary mode.
+const idHeader = outboxce.HeaderPrefix + "id"
+
+// headerLine is the size of one "key: value\r\n" header line.
+func headerLine(k, v string) int { return len(k) + len(": ") + len(v) + len("\r\n") }
 
 // headerSafe reports whether v survives a NATS header unchanged: nats.go trims surrounding
-// white space and turns line breaks into spaces, which would silently change the value.
+// white space (textproto.TrimString: space, tab, CR, LF) and turns line breaks into spaces,
+// which would silently change the value.
 func headerSafe(v string) bool {
-	return textproto.TrimString(v) == v && !strings.ContainsAny(v, "\r\n")
+	if v == "" {
+		return true
+	}
+	trimmed := func(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+	return !trimmed(v[0]) && !trimmed(v[len(v)-1]) && strings.IndexByte(v, '\r') < 0 && strings.IndexByte(v, '\n') < 0
 }
 
 // checkSubject reports why subj cannot be published to: NATS subjects are dot-separated

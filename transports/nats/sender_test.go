@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/outboxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
 
@@ -178,7 +181,7 @@ func TestConfiguredMaxMessageBytes(t *testing.T) {
 }
 
 // TestSendToNoStream: a subject no stream captures fails the message (retryably), naming
-// the subject, once nats.go's no-responders retries are spent.
+// the subject, once the no-responders retries are spent (two, 250 ms apart, as nats.go's).
 func TestSendToNoStream(t *testing.T) {
 	_, js := connect(t)
 	s, err := outboxnats.NewSender(js, &outboxnats.SenderConfig{SubjectPrefix: "nostream." + unique()})
@@ -223,5 +226,76 @@ func TestSendWhileDisconnected(t *testing.T) {
 	var be *outbox.BatchError
 	if err == nil || errors.As(err, &be) || !errors.Is(err, nats.ErrDisconnected) {
 		t.Fatalf("Send on a closed connection = %v, want one error for the whole batch", err)
+	}
+}
+
+// TestSendKeepsMaxPendingInFlight: with MaxPending 3, the Sender publishes message k only
+// after the stream acknowledged message k-3. A fake stream (a core NATS responder) releases
+// its acks one at a time, each only once the messages it allows have arrived; the stream's
+// answers ("stored", an API error, and a duplicate counting as stored) reach the result.
+func TestSendKeepsMaxPendingInFlight(t *testing.T) {
+	t.Parallel()
+	nc, js := connect(t)
+	prefix := "fakestream." + unique()
+	s, err := outboxnats.NewSender(js, &outboxnats.SenderConfig{SubjectPrefix: prefix, MaxPending: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	var (
+		mu       sync.Mutex
+		received []*nats.Msg
+		acked    int
+		overrun  string
+	)
+	sub, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		received = append(received, m)
+		if k := len(received); k > acked+3 && overrun == "" {
+			overrun = fmt.Sprintf("message %d arrived with only %d acked", k, acked)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = message("t", "", "{}")
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- s.Send(context.Background(), msgs) }()
+	for i := range n {
+		outboxtest.WaitFor(t, 10*time.Second, "the messages the window allows", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(received) >= min(i+3, n)
+		})
+		mu.Lock()
+		m := received[i]
+		acked++
+		mu.Unlock()
+		ack := fmt.Sprintf(`{"stream":"FAKE","seq":%d}`, i+1)
+		switch i {
+		case 4:
+			ack = `{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}`
+		case 7:
+			ack = `{"stream":"FAKE","seq":7,"duplicate":true}`
+		}
+		if err := m.Respond([]byte(ack)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = <-sent
+	mu.Lock()
+	defer mu.Unlock()
+	if overrun != "" {
+		t.Fatalf("more than MaxPending in flight: %s", overrun)
+	}
+	var be *outbox.BatchError
+	var api *jetstream.APIError
+	if !errors.As(err, &be) || len(be.Failed) != 1 || !errors.As(be.Failed[4], &api) || api.ErrorCode != 10077 {
+		t.Fatalf("Send = %v, want message 4 alone failed with the stream's API error", err)
 	}
 }
