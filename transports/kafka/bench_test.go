@@ -53,13 +53,6 @@ func BenchmarkKafka(b *testing.B) {
 		return s
 	}
 
-	type path struct {
-		name    string
-		topic   string
-		prepare func(topic string, n int) func() // readies n events untimed, returns the timed part
-		spent   time.Duration
-		cpu     int64 // busy jiffies, -1 when unknown
-	}
 	// record builds, as a bare client would, the record the Sender produces.
 	record := func(topic string, id uuid.UUID, key string, at time.Time) *kgo.Record {
 		ids := id.String()
@@ -114,17 +107,12 @@ func BenchmarkKafka(b *testing.B) {
 	// relayPath drains an outbox of its own through s.
 	relayPath := func(s outbox.Sender) func(string, int) func() {
 		pg := pgxtest.New(b, "outboxkafka")
-		sink := &benchtest.CountingSender{Sender: s}
-		relay, err := outbox.NewRelay(pg.Store(b), sink, &outbox.RelayConfig{Logger: quiet()})
-		if err != nil {
-			b.Fatal(err)
-		}
 		b.Cleanup(func() {
 			if left := pg.Count(b, "outbox"); left != 0 {
 				b.Errorf("%d events left in the outbox, want 0", left)
 			}
 		})
-		return func(_ string, n int) func() {
+		relay := benchtest.RelayPath(b, pg.Store(b), s, func(n int) {
 			for start := 0; start < n; start += 1000 {
 				events := make([]outbox.Encodable, 0, 1000)
 				for i := range min(1000, n-start) {
@@ -133,48 +121,27 @@ func BenchmarkKafka(b *testing.B) {
 				}
 				pg.Commit(b, events...)
 			}
-			return func() {
-				sent := sink.Expect(n)
-				ctx, cancel := context.WithCancel(context.Background())
-				ran := make(chan struct{})
-				go func() { defer close(ran); _ = relay.Run(ctx) }()
-				select {
-				case <-sent:
-				case <-time.After(time.Minute):
-					b.Error("the relay did not send every event within a minute")
-				}
-				cancel()
-				<-ran
-			}
-		}
+		})
+		return func(_ string, n int) func() { return relay(n) }
 	}
 
 	senderTopic, relayTopic := createTopic(b, cl, nil), createTopic(b, cl, nil)
 	senders[senderTopic] = newSender(senderTopic)
-	paths := []*path{
-		{name: "bare", topic: createTopic(b, cl, nil), prepare: bare},
-		{name: "sender", topic: senderTopic, prepare: sender},
-		{name: "relay", topic: relayTopic, prepare: relayPath(newSender(relayTopic))},
-		{name: "outbox-only", prepare: relayPath(discard{})},
+	paths := []struct {
+		name    string
+		topic   string                           // "" for none
+		prepare func(topic string, n int) func() // readies n events untimed, returns the timed part
+	}{
+		{"bare", createTopic(b, cl, nil), bare},
+		{"sender", senderTopic, sender},
+		{"relay", relayTopic, relayPath(newSender(relayTopic))},
+		{"outbox-only", "", relayPath(benchtest.Discard{})},
 	}
-	const round = 10000
-	b.ResetTimer()
-	for done := 0; done < b.N; done += round {
-		n := min(round, b.N-done)
-		for _, p := range paths {
-			run := p.prepare(p.topic, n)
-			cpu0 := benchtest.BusyJiffies()
-			start := time.Now()
-			run()
-			p.spent += time.Since(start)
-			if cpu1 := benchtest.BusyJiffies(); cpu0 < 0 || cpu1 < 0 || p.cpu < 0 {
-				p.cpu = -1
-			} else {
-				p.cpu += cpu1 - cpu0
-			}
-		}
+	var rounds []*benchtest.Path
+	for _, p := range paths {
+		rounds = append(rounds, &benchtest.Path{Name: p.name, Prepare: func(n int) func() { return p.prepare(p.topic, n) }})
 	}
-	b.StopTimer()
+	rate := benchtest.Rounds(b, 10000, nil, rounds...)
 
 	adm := kadm.NewClient(cl)
 	for _, p := range paths {
@@ -191,21 +158,7 @@ func BenchmarkKafka(b *testing.B) {
 			b.Fatalf("%s: the topic holds %d records, want %d", p.name, total, b.N)
 		}
 	}
-	rate := map[string]float64{}
-	b.ReportMetric(0, "ns/op")
-	for _, p := range paths {
-		rate[p.name] = float64(b.N) / p.spent.Seconds()
-		b.ReportMetric(rate[p.name], p.name+"-ev/s")
-		if p.cpu >= 0 {
-			b.ReportMetric(float64(p.cpu)*1e6/float64(benchtest.ClockTicks)/float64(b.N), p.name+"-cpu-µs/ev")
-		}
-	}
 	b.ReportMetric(rate["relay"]/rate["bare"], "relay/bare")
 	b.ReportMetric(rate["sender"]/rate["bare"], "sender/bare")
 	b.ReportMetric(rate["relay"]/rate["outbox-only"], "relay/outbox-only")
 }
-
-// discard is a Sender that drops what it is given: the relay's own cost, without a broker.
-type discard struct{}
-
-func (discard) Send(context.Context, []outbox.Message) error { return nil }

@@ -58,14 +58,6 @@ func BenchmarkRabbitMQ(b *testing.B) {
 			Timestamp: m.CreatedAt, Body: m.Body,
 		}
 	}
-	type path struct {
-		name    string
-		dst     *destination
-		prepare func(d *destination, n int) func() // readies n events untimed, returns the timed part
-		spent   time.Duration
-		cpu     int64 // busy jiffies, -1 when unknown
-	}
-
 	bareDst := fresh()
 	probe := newMessages(1)[0]
 	if got, want := must(outboxamqp.Encode(bareDst.sender, probe)), publishing(probe); !maps.Equal(got.Headers, want.Headers) ||
@@ -117,12 +109,7 @@ func BenchmarkRabbitMQ(b *testing.B) {
 	}
 	pg := pgxtest.New(b, "outboxamqp")
 	relayDst := fresh()
-	sink := &benchtest.CountingSender{Sender: relayDst.sender}
-	relay, err := outbox.NewRelay(pg.Store(b), sink, &outbox.RelayConfig{Logger: quiet})
-	if err != nil {
-		b.Fatal(err)
-	}
-	relayPath := func(_ *destination, n int) func() {
+	relay := benchtest.RelayPath(b, pg.Store(b), relayDst.sender, func(n int) {
 		for start := 0; start < n; start += 1000 {
 			events := make([]outbox.Encodable, 0, 1000)
 			for range min(1000, n-start) {
@@ -130,44 +117,22 @@ func BenchmarkRabbitMQ(b *testing.B) {
 			}
 			pg.Commit(b, events...)
 		}
-		return func() {
-			sent := sink.Expect(n)
-			ctx, cancel := context.WithCancel(context.Background())
-			ran := make(chan struct{})
-			go func() { defer close(ran); _ = relay.Run(ctx) }()
-			select {
-			case <-sent:
-			case <-time.After(2 * time.Minute):
-				b.Error("the relay did not send every event within two minutes")
-			}
-			cancel()
-			<-ran
-		}
-	}
+	})
 
-	paths := []*path{
-		{name: "bare", dst: bareDst, prepare: bare},
-		{name: "sender", dst: fresh(), prepare: sender},
-		{name: "relay", dst: relayDst, prepare: relayPath},
+	paths := []struct {
+		name    string
+		dst     *destination
+		prepare func(d *destination, n int) func() // readies n events untimed, returns the timed part
+	}{
+		{"bare", bareDst, bare},
+		{"sender", fresh(), sender},
+		{"relay", relayDst, func(_ *destination, n int) func() { return relay(n) }},
 	}
-	const round = 10000
-	b.ResetTimer()
-	for done := 0; done < b.N; done += round {
-		n := min(round, b.N-done)
-		for _, p := range paths {
-			run := p.prepare(p.dst, n)
-			cpu0 := benchtest.BusyJiffies()
-			start := time.Now()
-			run()
-			p.spent += time.Since(start)
-			if cpu1 := benchtest.BusyJiffies(); cpu0 < 0 || cpu1 < 0 || p.cpu < 0 {
-				p.cpu = -1
-			} else {
-				p.cpu += cpu1 - cpu0
-			}
-		}
+	var rounds []*benchtest.Path
+	for _, p := range paths {
+		rounds = append(rounds, &benchtest.Path{Name: p.name, Prepare: func(n int) func() { return p.prepare(p.dst, n) }})
 	}
-	b.StopTimer()
+	rate := benchtest.Rounds(b, 10000, nil, rounds...)
 
 	for _, p := range paths {
 		if got := queueDepth(b, p.dst.admin, p.dst.top.Queue); got != b.N {
@@ -176,15 +141,6 @@ func BenchmarkRabbitMQ(b *testing.B) {
 	}
 	if left := pg.Count(b, "outbox"); left != 0 {
 		b.Fatalf("%d events left in the outbox, want 0", left)
-	}
-	rate := map[string]float64{}
-	b.ReportMetric(0, "ns/op")
-	for _, p := range paths {
-		rate[p.name] = float64(b.N) / p.spent.Seconds()
-		b.ReportMetric(rate[p.name], p.name+"-ev/s")
-		if p.cpu >= 0 {
-			b.ReportMetric(float64(p.cpu)*1e6/float64(benchtest.ClockTicks)/float64(b.N), p.name+"-cpu-µs/ev")
-		}
 	}
 	b.ReportMetric(rate["relay"]/rate["bare"], "relay/bare")
 	b.ReportMetric(rate["sender"]/rate["bare"], "sender/bare")
