@@ -128,6 +128,8 @@ type Relay struct {
 	sender  Sender
 	cfg     *RelayConfig
 	wake    chan struct{}
+	poll    chan struct{} // held by the loop that polls a drained outbox
+	backlog chan struct{} // a full batch: wakes a loop that waits for one
 	running atomic.Bool
 	obs     relayTelemetry
 }
@@ -148,7 +150,8 @@ func NewRelay(store Store, sender Sender, cfg *RelayConfig) (*Relay, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	r := &Relay{store: store, sender: sender, cfg: c, wake: make(chan struct{}, 1)}
+	r := &Relay{store: store, sender: sender, cfg: c, wake: make(chan struct{}, 1),
+		poll: make(chan struct{}, 1), backlog: make(chan struct{}, 1)}
 	r.obs.init(c, sender)
 	return r, nil
 }
@@ -190,6 +193,12 @@ func (r *Relay) loop(ctx context.Context) {
 	defer timer.Stop()
 	<-timer.C
 	failures := 0
+	polling := false
+	defer func() {
+		if polling {
+			<-r.poll
+		}
+	}()
 	for ctx.Err() == nil {
 		n, err := r.RunOnce(ctx)
 		switch {
@@ -199,12 +208,32 @@ func (r *Relay) loop(ctx context.Context) {
 			r.obs.log.ErrorContext(ctx, "outbox relay: cycle failed", "err", err, "retry_in", interval)
 		case n == r.cfg.BatchSize:
 			failures = 0
+			select { // a backlog: let a waiting loop claim too
+			case r.backlog <- struct{}{}:
+			default:
+			}
 			continue // more may be waiting
 		case n > 0:
 			failures, interval = 0, r.cfg.MinPollInterval
 		default:
 			failures = 0
 			interval = min(interval*2, r.cfg.MaxPollInterval)
+		}
+		// An outbox that one claim drained is polled by one loop; the others wait for a
+		// backlog (a full batch) or a Wake instead of claiming, mostly in vain, what the
+		// poller has just taken.
+		if err == nil && !polling {
+			select {
+			case r.poll <- struct{}{}:
+				polling = true
+			default:
+				select {
+				case <-ctx.Done():
+				case <-r.backlog:
+				case <-r.wake:
+				}
+				continue
+			}
 		}
 		timer.Reset(interval)
 		select {
@@ -233,6 +262,10 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// The claim runs to its end even when ctx ends meanwhile: a claim cancelled after its
 	// commit would report an error while holding rows nobody knows to release, until their
 	// lease expired. Once it returns, a cancelled ctx releases the whole batch (send).
+	// A wave starts only while a whole SendTimeout still fits in the lease (measured from
+	// before the claim, so on the safe side): a claim of long runs on a slow broker gives
+	// back what it cannot send in time instead of sending it after another relay took it.
+	lastWave := time.Now().Add(r.cfg.Lease - r.cfg.SendTimeout)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SendTimeout)
 	claimed, err := r.store.Claim(cctx, ClaimParams{
 		Owner: r.cfg.Name,
@@ -265,7 +298,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		sendable = append(sendable, c)
 	}
-	r.send(ctx, sendable, &out)
+	r.send(ctx, sendable, lastWave, &out)
 
 	// Write back even when ctx ended: the sends happened, and forgetting them only costs
 	// duplicates, but releasing promptly lets another relay continue.
@@ -315,8 +348,8 @@ func (o *outcome) deadLetter(c Claimed, kind, reason string) {
 
 // send delivers a claim in waves: wave i holds the i-th message of every key (and, in wave
 // 0, every keyless message), so a Sender never sees two messages of one key at once, and a
-// key whose message failed sends nothing after it.
-func (r *Relay) send(ctx context.Context, claimed []Claimed, out *outcome) {
+// key whose message failed sends nothing after it. Waves due after lastWave are released.
+func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time, out *outcome) {
 	waves := splitWaves(claimed)
 	blocked := map[string]bool{}
 	for _, wave := range waves {
@@ -331,7 +364,7 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, out *outcome) {
 		if len(batch) == 0 {
 			continue
 		}
-		if ctx.Err() != nil { // shutting down: give the rest back untouched
+		if ctx.Err() != nil || time.Now().After(lastWave) { // shutting down, or out of lease: give the rest back untouched
 			for _, c := range batch {
 				out.release = append(out.release, c.Seq)
 			}

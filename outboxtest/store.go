@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,17 +171,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 			}
 		}
 		mustPublish(t, f, true, events...)
-		var mu sync.Mutex
-		calls := 0
-		q := outboxmem.New(&outboxmem.Config{SendHook: func(m outbox.Message) error {
-			mu.Lock()
-			defer mu.Unlock()
-			calls++
-			if calls%3 == 0 { // a flaky broker: every third send fails
-				return errors.New("broker hiccup")
-			}
-			return nil
-		}})
+		q := flakyQueue(3)
 		relays := 3
 		if f.SingleRelay {
 			relays = 1
@@ -190,6 +181,35 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		cfg := fastRelay("order", 1000)
 		cfg.BatchSize, cfg.RetryBackoff, cfg.MaxRetryBackoff = 7, 20*time.Millisecond, 20*time.Millisecond
 		RunRelays(t, f.Store, q, relays, cfg, func() bool { return len(q.Sent()) >= len(events) })
+		CheckPerKeyOrder(t, events, q.Sent())
+		expectPending(t, f, 0)
+	})
+
+	t.Run("PerKeyOrderInADeepBacklogWithThreeRelays", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		// A backlog many batches deep, of few keys and keyless events: claims find most
+		// keys' first events in flight or waiting for a retry, and reach keys and keyless
+		// events far behind the front of the outbox.
+		const keys, perKey = 8, 40
+		var events []outbox.Encodable
+		for i := range perKey {
+			for k := range keys {
+				events = append(events, outbox.New(Note{N: i}, outbox.WithKey(fmt.Sprintf("deep-%d", k))))
+			}
+			if i%2 == 0 {
+				events = append(events, outbox.New(Note{N: i}), outbox.New(Note{N: i}), outbox.New(Note{N: i}))
+			}
+		}
+		mustPublish(t, f, true, events...)
+		q := flakyQueue(3)
+		relays := 3
+		if f.SingleRelay {
+			relays = 1
+		}
+		cfg := fastRelay("deep", 1000)
+		cfg.BatchSize, cfg.RetryBackoff, cfg.MaxRetryBackoff = 8, 20*time.Millisecond, 20*time.Millisecond
+		RunRelays(t, f.Store, q, relays, cfg, func() bool { return len(ids(q.Sent())) >= len(events) })
 		CheckPerKeyOrder(t, events, q.Sent())
 		expectPending(t, f, 0)
 	})
@@ -433,6 +453,17 @@ func CheckPerKeyOrder(t testing.TB, published []outbox.Encodable, delivered []ou
 		}
 		last[m.Key] = pos[m.ID]
 	}
+}
+
+// flakyQueue is an in-memory broker on which every n-th send fails.
+func flakyQueue(n int) *outboxmem.Queue {
+	var calls atomic.Int64
+	return outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error {
+		if calls.Add(1)%int64(n) == 0 {
+			return errors.New("broker hiccup")
+		}
+		return nil
+	}})
 }
 
 func newRelay(t testing.TB, store outbox.Store, sender outbox.Sender, cfg *outbox.RelayConfig) *outbox.Relay {

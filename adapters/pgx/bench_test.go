@@ -17,8 +17,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/internal/benchtest"
 )
 
 const measureFor = 3 * time.Second
@@ -171,12 +174,15 @@ func BenchmarkProducerBatch(b *testing.B) {
 }
 
 // fill loads n keyless events with COPY.
-func fill(b *testing.B, o *testOutbox, n int) {
+func fill(b *testing.B, o *testOutbox, n int) { fillKeyed(b, o, n, func(int) string { return "" }) }
+
+// fillKeyed loads n events with COPY, event i with key(i) as its ordering key.
+func fillKeyed(b *testing.B, o *testOutbox, n int, key func(i int) string) {
 	b.Helper()
 	ctx := context.Background()
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
-		msgs[i], _ = outbox.New(order{int64(i), 42}).Encode()
+		msgs[i], _ = outbox.New(order{int64(i), 42}, outbox.WithKey(key(i))).Encode()
 	}
 	for start := 0; start < n; start += 10000 {
 		chunk := make([]outbox.Encodable, 0, 10000)
@@ -190,13 +196,6 @@ func fill(b *testing.B, o *testOutbox, n int) {
 	if _, err := o.pool.Exec(ctx, "VACUUM ANALYZE "+o.schema+".outbox"); err != nil {
 		b.Fatal(err)
 	}
-}
-
-type discard struct{ n atomic.Int64 }
-
-func (d *discard) Send(_ context.Context, msgs []outbox.Message) error {
-	d.n.Add(int64(len(msgs)))
-	return nil
 }
 
 // BenchmarkRelayDrain: drain N events to a transport that accepts everything, with the relay
@@ -221,6 +220,25 @@ func BenchmarkRelayDrain(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRelayDrainKeys: drain a backlog of 100k events whose ordering keys take 1, 10,
+// 100, 1,000 or 100k (all distinct) values, round-robin, with the default relay config and a
+// transport that accepts everything, and report each rate as a ratio to the keyless backlog
+// drained in the same run. A drain that has not finished after drainKeysCap is cut short and
+// rated on what it delivered. $TXOUTBOX_BENCH_KEYS (e.g. "keyless,1") picks some shapes.
+//
+//	go test -run '^$' -bench RelayDrainKeys -benchtime 1x ./adapters/pgx
+func BenchmarkRelayDrainKeys(b *testing.B) {
+	const n = 100000
+	benchtest.DrainKeys(b, n, func(b *testing.B, key func(int) string) float64 {
+		o := benchOutbox(b)
+		fillKeyed(b, o, n, key)
+		return benchtest.DrainRelay(b, o.store(b), n, nil, drainKeysCap)
+	})
+}
+
+// drainKeysCap bounds each drain of BenchmarkRelayDrainKeys.
+const drainKeysCap = 60 * time.Second
 
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)
@@ -275,22 +293,7 @@ func drainRelay(b *testing.B, o *testOutbox, n, batch int) float64 {
 // drainWith empties the outbox of its n events with a relay configured by cfg and returns
 // events/s.
 func drainWith(b *testing.B, o *testOutbox, n int, cfg *outbox.RelayConfig) float64 {
-	sink := &discard{}
-	relay, err := outbox.NewRelay(o.store(b), sink, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	start := time.Now()
-	go func() { _ = relay.Run(ctx); close(done) }()
-	for sink.n.Load() < int64(n) {
-		time.Sleep(time.Millisecond)
-	}
-	elapsed := time.Since(start)
-	stop()
-	<-done
-	return float64(n) / elapsed.Seconds()
+	return benchtest.DrainRelay(b, o.store(b), n, cfg, time.Hour)
 }
 
 // latencySink records when each message reached the transport.
@@ -310,23 +313,50 @@ func (s *latencySink) Send(_ context.Context, msgs []outbox.Message) error {
 }
 
 // BenchmarkLatency: commit → transport latency at 1,000 events/s with the default relay
-// config (adaptive polling, no NOTIFY).
+// config (adaptive polling, no NOTIFY), and with a fixed 10 ms poll for comparison (the
+// usual setting of polling forwarders such as Watermill's). Beside p50/p99/max it reports
+// the claims the relay made and the CPU the PostgreSQL server spent per event: in the
+// relay's own backends, in the producer's, and in every server process (the last includes
+// whatever else the server is doing; all read from /proc, so only for a local server).
 func BenchmarkLatency(b *testing.B) {
+	b.Run("defaults", func(b *testing.B) { benchLatency(b, nil) })
+	b.Run("poll=10ms", func(b *testing.B) {
+		benchLatency(b, &outbox.RelayConfig{MinPollInterval: 10 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond})
+	})
+}
+
+func benchLatency(b *testing.B, cfg *outbox.RelayConfig) {
 	o := benchOutbox(b)
 	ctx, cancel := context.WithCancel(context.Background())
+	producer, producerCPU := trackedPool(b)
+	relayPool, relayCPU := trackedPool(b)
 	sink := &latencySink{at: map[uuid.UUID]time.Time{}}
-	relay, err := outbox.NewRelay(o.store(b), sink, nil)
+	store := &benchtest.CountingStore{Store: o.storeOn(b, relayPool)}
+	relay, err := outbox.NewRelay(store, sink, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Warm both pools up, so connecting is not part of the measurement.
+	for _, p := range []*pgxpool.Pool{producer, relayPool} {
+		if err := p.Ping(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	const events = 3000
+	meters := []benchtest.Meter{benchtest.PIDs("relay", relayCPU.list), benchtest.PIDs("producer", producerCPU.list), benchtest.Processes("postgres")}
+	cpu0 := make([]int64, len(meters))
+	for i, m := range meters {
+		cpu0[i] = m.Read()
+	}
+	start := time.Now()
 	done := make(chan struct{})
 	go func() { _ = relay.Run(ctx); close(done) }()
 	committed := map[uuid.UUID]time.Time{}
 	tick := time.NewTicker(time.Millisecond)
-	for range 3000 {
+	for range events {
 		<-tick.C
 		e := outbox.New(order{1, 42})
-		if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, e) }); err != nil {
+		if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error { return o.Publish(ctx, tx, e) }); err != nil {
 			b.Fatal(err)
 		}
 		committed[e.ID] = time.Now()
@@ -340,7 +370,14 @@ func BenchmarkLatency(b *testing.B) {
 		if got >= len(committed) || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	cpu := make([]int64, len(meters))
+	for i, m := range meters {
+		if c := m.Read(); c >= 0 && cpu0[i] >= 0 {
+			cpu[i] = c - cpu0[i]
+		}
 	}
 	cancel()
 	<-done
@@ -354,6 +391,51 @@ func BenchmarkLatency(b *testing.B) {
 		b.Fatalf("%d of %d events arrived", len(lat), len(committed))
 	}
 	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(lat[len(lat)/2]), "p50_ms")
+	b.ReportMetric(ms(lat[len(lat)*99/100]), "p99_ms")
+	b.ReportMetric(ms(lat[len(lat)-1]), "max_ms")
+	claims, empty := store.Claims.Load(), store.Empty.Load()
+	b.ReportMetric(float64(claims)/elapsed.Seconds(), "claims/s")
+	b.ReportMetric(100*float64(empty)/float64(max(claims, 1)), "empty_claims_%")
+	if cpu[2] > 0 { // a local server
+		for i, name := range []string{"relay_db", "producer_db", "server"} {
+			b.ReportMetric(float64(cpu[i])*1e6/benchtest.ClockTicks/events, name+"_cpu_µs/event")
+		}
+	}
+}
+
+// backends records the process IDs of a pool's PostgreSQL backends.
+type backends struct {
+	mu   sync.Mutex
+	pids []int
+}
+
+// trackedPool opens a pool on the test server whose backends' process IDs are recorded;
+// it is closed when b ends.
+func trackedPool(b *testing.B) (*pgxpool.Pool, *backends) {
+	cfg, err := pgxpool.ParseConfig(pgxtest.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	be := &backends{}
+	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		be.mu.Lock()
+		defer be.mu.Unlock()
+		be.pids = append(be.pids, int(c.PgConn().PID()))
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool, be
+}
+
+// list returns the process IDs recorded so far.
+func (be *backends) list() []int {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	return slices.Clone(be.pids)
 }

@@ -173,3 +173,54 @@ func TestStaleWriteBackNeverLetsALaterEventOvertake(t *testing.T) {
 		t.Fatalf("relay B claimed %d messages, want none (X waits for its retry, Y behind it)", len(r.claimed))
 	}
 }
+
+// TestLongRunIsReleasedBeforeItsLeaseEnds: a claim takes a whole run of one key, and the
+// broker is slow. The relay starts a wave only while a whole SendTimeout still fits in the
+// lease, and gives back the rest untouched, so no message of the run is sent after another
+// relay could have claimed it.
+func TestLongRunIsReleasedBeforeItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	o := newTestOutbox(t)
+	ctx := context.Background()
+	const n = 20
+	var events []outbox.Encodable
+	for i := range n {
+		events = append(events, outbox.New(outboxtestNote{N: i}, outbox.WithKey("slow")))
+	}
+	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, events...) }); err != nil {
+		t.Fatal(err)
+	}
+	// 200 ms a message: the run of 20 needs 4 s, the lease is 2 s and waves may start
+	// until 1.5 s after the claim.
+	q := outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error {
+		time.Sleep(200 * time.Millisecond)
+		return nil
+	}})
+	relay, err := outbox.NewRelay(o.store(t), q, &outbox.RelayConfig{Lease: 2 * time.Second, SendTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := relay.RunOnce(ctx)
+	if err != nil || claimed != n {
+		t.Fatalf("the claim took %d messages, %v; want the whole run of %d", claimed, err, n)
+	}
+	sent := len(q.Sent())
+	if sent == 0 || sent >= n {
+		t.Fatalf("%d of the run's %d messages were sent within one 2 s lease at 200 ms each; want some, and the rest given back", sent, n)
+	}
+	// What was given back is claimable at once, with no attempt counted.
+	var leased, tried int
+	if err := o.pool.QueryRow(ctx, "SELECT count(lease_until), count(*) FILTER (WHERE attempts > 0) FROM "+o.schema+".outbox").Scan(&leased, &tried); err != nil {
+		t.Fatal(err)
+	}
+	if leased != 0 || tried != 0 {
+		t.Fatalf("after the claim, %d rows are still leased and %d count an attempt; want the rest released untouched", leased, tried)
+	}
+	outboxtest.WaitFor(t, 30*time.Second, "the rest of the run", func() bool {
+		if _, err := relay.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return len(q.Sent()) >= n
+	})
+	outboxtest.CheckPerKeyOrder(t, events, q.Sent())
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
+	"github.com/txoutbox/outbox/internal/benchtest"
 	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
 )
 
@@ -64,4 +65,36 @@ func BenchmarkProducer(b *testing.B) {
 			return o.Publish(ctx, tx, outbox.New(benchOrder{1, 42}))
 		})},
 	)
+}
+
+// BenchmarkRelayDrainKeys is adapters/pgx's BenchmarkRelayDrainKeys on MySQL/MariaDB and
+// SQLite through database/sql: a 100k backlog with 1 to 100k distinct keys, drained by a
+// relay with the default config into a transport that accepts everything, each rate as a
+// ratio to the keyless one of the same run. A drain is cut short after a minute.
+//
+//	go test -run '^$' -bench RelayDrainKeys -benchtime 1x ./adapters/sql
+func BenchmarkRelayDrainKeys(b *testing.B) {
+	const n = 100000
+	for _, d := range dialects {
+		if d.name == "postgres" { // adapters/pgx measures PostgreSQL
+			continue
+		}
+		b.Run(d.name, func(b *testing.B) {
+			benchtest.DrainKeys(b, n, func(b *testing.B, key func(int) string) float64 {
+				o := newTestOutbox(b, d.name, d.dialect, d.driver)
+				ctx := context.Background()
+				events := make([]outbox.Encodable, 0, 1000)
+				for i := range n {
+					events = append(events, outbox.New(benchOrder{int64(i), 42}, outbox.WithKey(key(i))))
+					if len(events) == cap(events) || i == n-1 {
+						if err := o.publish(ctx, true, events...); err != nil {
+							b.Fatal(err)
+						}
+						events = events[:0]
+					}
+				}
+				return benchtest.DrainRelay(b, o.store(b), n, nil, time.Minute)
+			})
+		})
+	}
 }

@@ -1,7 +1,7 @@
-// Package benchtest holds what the transports' benchmarks share: a Sender wrapper that
-// signals when the relay has sent what it was given, CPU time read from /proc (the
-// machine's, or some processes'), and Rounds, which runs a benchmark's paths in turns and
-// reports events/s and CPU per event of each.
+// Package benchtest holds what the benchmarks share: a Sender wrapper that signals when the
+// relay has sent what it was given, CPU time read from /proc (the machine's, or some
+// processes'), Rounds, which runs a benchmark's paths in turns and reports events/s and CPU
+// per event of each, and DrainKeys, which drains keyed backlogs (drain.go).
 package benchtest
 
 import (
@@ -24,6 +24,7 @@ type CountingSender struct {
 	outbox.Sender
 	mu   sync.Mutex
 	left int
+	sent int64
 	done chan struct{}
 }
 
@@ -40,6 +41,7 @@ func (c *CountingSender) Send(ctx context.Context, msgs []outbox.Message) error 
 	err := c.Sender.Send(ctx, msgs)
 	if err == nil {
 		c.mu.Lock()
+		c.sent += int64(len(msgs))
 		if c.left -= len(msgs); c.left <= 0 && c.done != nil {
 			close(c.done)
 			c.done = nil
@@ -47,6 +49,13 @@ func (c *CountingSender) Send(ctx context.Context, msgs []outbox.Message) error 
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// Sent returns how many messages went through without error so far.
+func (c *CountingSender) Sent() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sent
 }
 
 // ClockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux platform Go supports.

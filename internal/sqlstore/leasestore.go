@@ -33,6 +33,8 @@ type leaseStore struct {
 	now string
 	// key is the quoted key column (a reserved word in MySQL).
 	key string
+	// heads is the dialect's loose index scan over (key, seq); see planDeep.
+	heads runHeads
 }
 
 func (s *leaseStore) Stats(ctx context.Context) (outbox.Stats, error) {

@@ -128,6 +128,19 @@ func (mysqlDialect) Store(db DB, n *Names) outbox.Store {
 		now:   mysqlNow,
 		key:   "`key`",
 		dl:    mysqlConsumer.writer(n),
+		// MySQL and MariaDB read the first row of each group of an index as a loose
+		// index scan ("Using index for group-by").
+		heads: func(upper bool) string {
+			op := ">="
+			if !upper {
+				op = "<"
+			}
+			return `SELECT o.seq, o.` + "`key`" + `, (o.available_at <= ` + mysqlNow + ` AND (o.lease_until IS NULL OR o.lease_until <= ` + mysqlNow + `))
+  FROM (SELECT ` + "`key`" + `, MIN(seq) AS seq FROM ` + n.Outbox + `
+         WHERE ` + "`key`" + ` <> '' AND ` + "`key` " + op + ` ?
+         GROUP BY ` + "`key`" + ` ORDER BY ` + "`key`" + ` LIMIT ?) AS h
+  JOIN ` + n.Outbox + ` AS o ON o.seq = h.seq`
+		},
 	}
 	s.retry = func(token int64, rs []outbox.Retry) (string, []any) {
 		args := make([]any, 0, 3*len(rs)+1)
@@ -179,41 +192,62 @@ func mysqlRowsSQL(rows int, cols ...string) string {
 
 // mysqlClaim is PostgreSQL's claim function as one READ COMMITTED transaction:
 //
-//  1. lock the claim-lock row, so claims of one outbox run one at a time and each sees
+//  1. an outbox without keyed rows is a plain queue: its oldest free rows, FOR UPDATE SKIP
+//     LOCKED, without the claim lock;
+//  2. otherwise plan the claim (planClaim) with plain reads; if there is nothing to claim,
+//     stop without waiting for the claim lock;
+//  3. lock the claim-lock row, so claims of one outbox run one at a time and each sees
 //     every lease committed before it (a row lock ends with the transaction, as
 //     pg_advisory_xact_lock does; GET_LOCK would outlive the commit unless released by
 //     hand on the same connection, and a release lost to a cancelled context would stall
-//     every relay);
-//  2. read the deliverable rows FOR UPDATE SKIP LOCKED (rows a write-back is changing are
-//     skipped), in seq order, with the per-key rule;
-//  3. stamp the lease on them.
+//     every relay), and plan again: claims that held the lock meanwhile are now visible;
+//  4. lock the planned rows FOR UPDATE SKIP LOCKED, re-checking that they are free, and
+//     keep of each key's run the rows up to the first one missing (keepRuns): write-backs
+//     do not take the claim lock here, so a relay whose lease expired may be rescheduling
+//     a row of the run;
+//  5. stamp the lease on them.
+//
+// The plans are plain (non-locking) reads: MariaDB extends a statement's FOR UPDATE SKIP
+// LOCKED to its subqueries, which would skip a row a write-back holds and let a later row of
+// its key overtake it.
 func mysqlClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]outbox.Claimed, error) {
 	var claimed []outbox.Claimed
 	err := inTxReadCommitted(ctx, s.db, func(q Querier) error {
-		var one int
-		if err := queryRow(ctx, q, []any{&one}, "SELECT id FROM "+s.n.ClaimLock+" WHERE id = 1 FOR UPDATE"); err != nil {
-			if errors.Is(err, sql.ErrNoRows) {
-				return fmt.Errorf("outbox: %s has no row: run Migrate", s.n.ClaimLock)
-			}
-			return fmt.Errorf("locking %s: %w", s.n.ClaimLock, err)
-		}
-		cands, err := mysqlCandidates(ctx, s, q, p.Limit)
-		if err != nil || len(cands) == 0 {
+		onlyKeyless, err := s.onlyKeyless(ctx, q)
+		if err != nil {
 			return err
 		}
-		seqs := make([]int64, len(cands))
-		for i, c := range cands {
-			seqs[i] = c.seq
+		var (
+			plan  []claimCandidate
+			from  = s.n.Outbox + " FORCE INDEX (PRIMARY)" // in seq order: cheaper than through (key, seq)
+			which = s.oldestKeyless()
+			args  = []any{p.Limit}
+		)
+		if !onlyKeyless {
+			if plan, err = s.planClaim(ctx, q, p.Limit); err != nil || len(plan) == 0 {
+				return err
+			}
+			var one int
+			if err := queryRow(ctx, q, []any{&one}, "SELECT id FROM "+s.n.ClaimLock+" WHERE id = 1 FOR UPDATE"); err != nil {
+				if errors.Is(err, sql.ErrNoRows) {
+					return fmt.Errorf("outbox: %s has no row: run Migrate", s.n.ClaimLock)
+				}
+				return fmt.Errorf("locking %s: %w", s.n.ClaimLock, err)
+			}
+			if plan, err = s.planClaim(ctx, q, p.Limit); err != nil || len(plan) == 0 {
+				return err
+			}
+			seqs := make([]int64, len(plan))
+			for i, c := range plan {
+				seqs[i] = c.seq
+			}
+			from, which, args = s.n.Outbox, inSeqs(seqs)+" AND "+s.free(""), nil
 		}
-		// Lock the candidates. A concurrent write-back (a delete, a retry) may hold one; it is
-		// skipped, and so is every later candidate of its key, which must not overtake it.
 		rows, err := q.Query(ctx, `SELECT seq, id, type, `+"`key`"+`, COALESCE(CAST(headers AS CHAR), ''),
        content_type, body, created_at, attempts + 1
-  FROM `+s.n.Outbox+`
- WHERE `+inSeqs(seqs)+`
-   AND available_at <= `+mysqlNow+`
-   AND (lease_until IS NULL OR lease_until <= `+mysqlNow+`)
-   FOR UPDATE SKIP LOCKED`)
+  FROM `+from+`
+ WHERE `+which+`
+   FOR UPDATE SKIP LOCKED`, args...)
 		if err != nil {
 			return err
 		}
@@ -221,72 +255,37 @@ func mysqlClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]out
 		if err != nil {
 			return err
 		}
-		bySeq := make(map[int64]outbox.Claimed, len(locked))
+		keep := make([]int64, 0, len(locked))
 		for _, c := range locked {
-			bySeq[c.Seq] = c
+			keep = append(keep, c.Seq)
 		}
-		skipped := map[string]bool{}
-		seqs = seqs[:0]
-		for _, c := range cands {
-			got, ok := bySeq[c.seq]
-			if c.key != "" && (skipped[c.key] || !ok) {
-				skipped[c.key] = true
-				continue
+		if !onlyKeyless {
+			got := make(map[int64]bool, len(locked))
+			for _, c := range locked {
+				got[c.Seq] = true
 			}
-			if ok {
-				claimed = append(claimed, got)
-				seqs = append(seqs, c.seq)
-			}
+			keep, _ = keepRuns(plan, got) // rows locked but not kept are unlocked at commit, untouched
 		}
-		if len(claimed) == 0 {
+		if len(keep) == 0 {
 			return nil
+		}
+		kept := make(map[int64]bool, len(keep))
+		for _, seq := range keep {
+			kept[seq] = true
+		}
+		for _, c := range locked {
+			if kept[c.Seq] {
+				claimed = append(claimed, c)
+			}
 		}
 		return q.Exec(ctx, `UPDATE `+s.n.Outbox+`
    SET claim_token = ?, lease_owner = ?,
        lease_until = `+mysqlNow+` + INTERVAL ? MICROSECOND,
        attempts = attempts + 1
- WHERE `+inSeqs(seqs), p.Token, p.Owner, p.Lease.Microseconds())
+ WHERE `+inSeqs(keep), p.Token, p.Owner, p.Lease.Microseconds())
 	})
 	if err != nil {
 		return nil, err
 	}
 	return claimed, nil
-}
-
-type mysqlCandidate struct {
-	seq int64
-	key string
-}
-
-// mysqlCandidates picks the deliverable rows with a plain (non-locking) read. It must not be
-// a locking read: MariaDB extends a statement's FOR UPDATE SKIP LOCKED to its subqueries, so
-// the per-key check would skip an earlier row that a write-back holds, and let a later row of
-// its key overtake it. At READ COMMITTED the read sees every committed claim (claims are
-// serialised by the lock row). A write-back may still change a picked row before it is
-// locked (a relay whose lease expired rescheduling it): the locking read re-checks each row,
-// and mysqlClaim drops the later candidates of a key whose earlier row did not come back.
-func mysqlCandidates(ctx context.Context, s *leaseStore, q Querier, limit int) ([]mysqlCandidate, error) {
-	rows, err := q.Query(ctx, `SELECT c.seq, c.`+"`key`"+`
-  FROM `+s.n.Outbox+` AS c
- WHERE c.available_at <= `+mysqlNow+`
-   AND (c.lease_until IS NULL OR c.lease_until <= `+mysqlNow+`)
-   AND (c.`+"`key`"+` = '' OR NOT EXISTS (
-          SELECT 1 FROM `+s.n.Outbox+` AS p
-           WHERE p.`+"`key`"+` = c.`+"`key`"+` AND p.seq < c.seq
-             AND (p.available_at > `+mysqlNow+` OR p.lease_until > `+mysqlNow+`)))
- ORDER BY c.seq
- LIMIT ?`, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []mysqlCandidate
-	for rows.Next() {
-		var c mysqlCandidate
-		if err := rows.Scan(&c.seq, &c.key); err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	return out, rows.Err()
 }

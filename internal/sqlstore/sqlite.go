@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/txoutbox/outbox"
 )
@@ -76,6 +77,22 @@ func (sqliteDialect) Store(db DB, n *Names) outbox.Store {
 		now:   sqliteNow,
 		key:   `"key"`,
 		dl:    sqliteConsumer.writer(n),
+		// A recursive query that steps from key to key through the (key, seq) index.
+		heads: func(upper bool) string {
+			bound := `"key" >= ?1`
+			if !upper {
+				bound = `"key" < ?1`
+			}
+			return `WITH RECURSIVE ks(k) AS (
+    SELECT (SELECT "key" FROM ` + n.Outbox + ` WHERE ` + bound + ` AND "key" <> '' ORDER BY "key" LIMIT 1)
+    UNION ALL
+    SELECT (SELECT "key" FROM ` + n.Outbox + ` WHERE "key" > ks.k AND ` + bound + ` AND "key" <> '' ORDER BY "key" LIMIT 1)
+      FROM ks WHERE ks.k IS NOT NULL
+    LIMIT ?2)
+SELECT o.seq, o."key", (o.available_at <= ` + sqliteNow + ` AND (o.lease_until IS NULL OR o.lease_until <= ` + sqliteNow + `))
+  FROM ks JOIN ` + n.Outbox + ` AS o
+    ON o.seq = (SELECT min(seq) FROM ` + n.Outbox + ` WHERE "key" = ks.k AND "key" <> '')`
+		},
 	}
 	s.retry = func(token int64, rs []outbox.Retry) (string, []any) {
 		return `UPDATE ` + n.Outbox + ` AS o
@@ -101,29 +118,62 @@ func (sqliteDialect) Store(db DB, n *Names) outbox.Store {
 	return s
 }
 
-// sqliteClaim is PostgreSQL's claim function as one statement (see [SQLite] for why one
-// statement is atomic).
+// sqliteClaim leases with one UPDATE ... RETURNING (atomic: a write statement takes the
+// database's write lock before it reads). An outbox without keyed rows is a plain queue: the
+// oldest free rows. Otherwise the claim is planned (planClaim) with plain reads, and the
+// planned rows still free are leased; a planned row that is gone or no longer free (another
+// relay claimed it since the plan, or a write-back changed it) ends its key's run, and the
+// rows leased after it are given back at once (keepRuns).
 func sqliteClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	onlyKeyless, err := s.onlyKeyless(ctx, s.db)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		plan  []claimCandidate
+		which = "seq IN (SELECT seq FROM " + s.n.Outbox + " WHERE " + s.oldestKeyless() + ")"
+		args  = []any{p.Limit}
+	)
+	if !onlyKeyless {
+		if plan, err = s.planClaim(ctx, s.db, p.Limit); err != nil || len(plan) == 0 {
+			return nil, err
+		}
+		seqs := make([]int64, len(plan))
+		for i, c := range plan {
+			seqs[i] = c.seq
+		}
+		which, args = inSeqs(seqs), nil
+	}
 	rows, err := s.db.Query(ctx, `UPDATE `+s.n.Outbox+`
    SET claim_token = ?, lease_owner = ?,
        lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', ?),
        attempts = attempts + 1
- WHERE seq IN (
-       SELECT c.seq FROM `+s.n.Outbox+` AS c
-        WHERE c.available_at <= `+sqliteNow+`
-          AND (c.lease_until IS NULL OR c.lease_until <= `+sqliteNow+`)
-          AND (c."key" = '' OR NOT EXISTS (
-                 SELECT 1 FROM `+s.n.Outbox+` AS p
-                  WHERE p."key" = c."key" AND p."key" <> '' AND p.seq < c.seq
-                    AND (p.available_at > `+sqliteNow+` OR p.lease_until > `+sqliteNow+`)))
-        ORDER BY c.seq
-        LIMIT ?)
+ WHERE `+which+` AND `+s.free("")+`
 RETURNING seq, id, type, "key", COALESCE(headers, ''), content_type, body, created_at, attempts`,
-		p.Token, p.Owner, fmt.Sprintf("%+.3f seconds", p.Lease.Seconds()), p.Limit)
+		append([]any{p.Token, p.Owner, fmt.Sprintf("%+.3f seconds", p.Lease.Seconds())}, args...)...)
 	if err != nil {
 		return nil, err
 	}
-	return ScanClaimed(textTimeRows{rows})
+	leased, err := ScanClaimed(textTimeRows{rows})
+	if err != nil || onlyKeyless {
+		return leased, err
+	}
+	got := make(map[int64]bool, len(leased))
+	for _, c := range leased {
+		got[c.Seq] = true
+	}
+	keep, giveBack := keepRuns(plan, got)
+	if len(giveBack) == 0 {
+		return leased, nil
+	}
+	if err := s.Release(ctx, p.Token, giveBack); err != nil {
+		return nil, fmt.Errorf("giving back rows behind a run that changed: %w", err)
+	}
+	kept := make(map[int64]bool, len(keep))
+	for _, seq := range keep {
+		kept[seq] = true
+	}
+	return slices.DeleteFunc(leased, func(c outbox.Claimed) bool { return !kept[c.Seq] }), nil
 }
 
 // jsonRetries encodes a Retry write-back for dialects that read per-row values from one

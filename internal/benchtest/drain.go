@@ -1,0 +1,99 @@
+package benchtest
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/outbox"
+)
+
+// KeyShape is how the events of a drain benchmark's backlog are keyed: Keys distinct keys
+// round-robin, 0 for none.
+type KeyShape struct {
+	Name string
+	Keys int
+}
+
+// KeyShapes are DrainKeys' backlogs of n events: keyless, all keys distinct, then 1,000,
+// 100, 10 and 1 keys.
+func KeyShapes(n int) []KeyShape {
+	return []KeyShape{{"keyless", 0}, {"distinct", n}, {"1000", 1000}, {"100", 100}, {"10", 10}, {"1", 1}}
+}
+
+// DrainKeys measures, for each shape of KeyShapes(n) (or those named in
+// $TXOUTBOX_BENCH_KEYS, e.g. "keyless,1"), drain: it fills a fresh outbox with n events,
+// event i keyed key(i), drains it and returns events/s. It reports each rate and its ratio
+// to the keyless one, measured in the same run. It ignores b.N: run it with -benchtime 1x.
+func DrainKeys(b *testing.B, n int, drain func(b *testing.B, key func(i int) string) float64) {
+	b.Helper()
+	var keyless float64
+	for _, shape := range KeyShapes(n) {
+		if only := os.Getenv("TXOUTBOX_BENCH_KEYS"); only != "" && !slices.Contains(strings.Split(only, ","), shape.Name) {
+			continue
+		}
+		r := drain(b, func(i int) string {
+			if shape.Keys == 0 {
+				return ""
+			}
+			return "order-" + strconv.Itoa(i%shape.Keys)
+		})
+		if shape.Keys == 0 {
+			keyless = r
+			b.ReportMetric(r, "keyless_events/s")
+			continue
+		}
+		b.ReportMetric(r, "keys="+shape.Name+"_events/s")
+		if keyless > 0 {
+			b.ReportMetric(r/keyless, "keys="+shape.Name+"/keyless")
+		}
+	}
+}
+
+// DrainRelay runs a relay with cfg over store, sending to a transport that accepts
+// everything, until it has delivered n events or limit has passed, and returns the events
+// delivered per second. With $TXOUTBOX_BENCH_DEBUG set it logs the claims it made.
+func DrainRelay(b *testing.B, store outbox.Store, n int, cfg *outbox.RelayConfig, limit time.Duration) float64 {
+	b.Helper()
+	sink := &CountingSender{Sender: Discard{}}
+	counted := &CountingStore{Store: store}
+	relay, err := outbox.NewRelay(counted, sink, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { _ = relay.Run(ctx); close(done) }()
+	for sink.Sent() < int64(n) && time.Since(start) < limit {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	stop()
+	<-done
+	if os.Getenv("TXOUTBOX_BENCH_DEBUG") != "" {
+		b.Logf("%d claims, %d empty", counted.Claims.Load(), counted.Empty.Load())
+	}
+	return float64(min(sink.Sent(), int64(n))) / elapsed.Seconds()
+}
+
+// CountingStore counts the claims a relay makes, and the empty ones.
+type CountingStore struct {
+	outbox.Store
+	Claims, Empty atomic.Int64
+}
+
+// Claim implements outbox.Store.
+func (s *CountingStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+	c, err := s.Store.Claim(ctx, p)
+	s.Claims.Add(1)
+	if len(c) == 0 {
+		s.Empty.Add(1)
+	}
+	return c, err
+}

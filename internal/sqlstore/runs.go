@@ -1,0 +1,262 @@
+package sqlstore
+
+import (
+	"cmp"
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Claims by key runs, for the dialects whose claim is Go code (MySQL, SQLite). PostgreSQL's
+// claim function (migrations/postgres/004) applies the same rules in SQL:
+//
+//   - A key's run is its rows in seq order from its first (its head) up to, not including,
+//     the first that is leased or waiting for a retry. A claim takes keyless rows that are
+//     free and rows of runs, never another row of a key: so no row goes while an earlier
+//     row of its key is in flight or waiting, and a row that becomes visible late is its
+//     key's head then (claimed, never skipped).
+//   - The claim reads a window, the first claimWindow(limit) rows, and merges the free
+//     keyless rows and its keys' runs in waves (every key's first row and the keyless rows,
+//     oldest first, then every key's second row…), the older half of the keys first so a
+//     concurrent claim finds keys of its own.
+//   - Past a full window that did not fill the claim, keys' heads come from a loose index
+//     scan over (key, seq), one probe per key, from a random key of the window, wrapping
+//     around, at most 4 × limit keys: the cost follows the number of keys, never the depth
+//     of the backlog.
+
+// claimRow is an outbox row as a claim plans it.
+type claimRow struct {
+	seq  int64
+	key  string
+	free bool // due, and not leased
+}
+
+// claimCandidate is a row a claim means to lease: the wave it goes in, and whether its key
+// is in the younger half of the window's keys.
+type claimCandidate struct {
+	claimRow
+	wave  int
+	later bool
+}
+
+// claimWindow is how many of the outbox's first rows a claim of limit rows reads.
+func claimWindow(limit int) int { return 2 * limit }
+
+// runHeads is a dialect's loose index scan: the heads of at most n keys, with their free
+// state, in key order from start (upper) or below start (!upper). Arguments: start, n.
+type runHeads func(upper bool) string
+
+// planClaim picks the rows a claim of limit rows should lease, in claim order (wave, then
+// seq): what planWindow finds in the window and, past a full window that leaves room, what
+// planDeep finds beyond it.
+func (s *leaseStore) planClaim(ctx context.Context, q Querier, limit int) ([]claimCandidate, error) {
+	window, err := s.claimRows(ctx, q, `SELECT seq, `+s.key+`, `+s.free("")+` FROM `+s.n.Outbox+
+		` ORDER BY seq LIMIT ?`, claimWindow(limit))
+	if err != nil {
+		return nil, err
+	}
+	plan := planWindow(window, limit)
+	if len(window) < claimWindow(limit) || len(plan) >= limit {
+		return plan, nil
+	}
+	deep, err := s.planDeep(ctx, q, window, plan, limit)
+	if err != nil {
+		return nil, err
+	}
+	return append(plan, deep...), nil
+}
+
+// planWindow applies the run rules to window, the outbox's first rows in seq order.
+func planWindow(window []claimRow, limit int) []claimCandidate {
+	var (
+		out    []claimCandidate
+		depth  = map[string]int{}
+		rank   = map[string]int{}
+		broken = map[string]bool{}
+	)
+	for _, r := range window {
+		switch {
+		case r.key == "":
+			if r.free {
+				out = append(out, claimCandidate{claimRow: r, wave: 1})
+			}
+		case broken[r.key]:
+		case !r.free:
+			broken[r.key] = true
+		default:
+			depth[r.key]++
+			if depth[r.key] == 1 {
+				rank[r.key] = len(rank)
+			}
+			out = append(out, claimCandidate{claimRow: r, wave: depth[r.key]})
+		}
+	}
+	for i, c := range out {
+		if c.key != "" {
+			out[i].later = rank[c.key] >= (len(rank)+1)/2
+		}
+	}
+	slices.SortFunc(out, func(a, b claimCandidate) int {
+		if a.later != b.later {
+			if a.later {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Or(cmp.Compare(a.wave, b.wave), cmp.Compare(a.seq, b.seq))
+	})
+	return out[:min(len(out), limit)]
+}
+
+// planDeep finds up to limit - len(plan) more rows beyond a full window: keyless rows after
+// it, and the runs of keys whose heads are free and that the plan does not hold already,
+// (limit - len(plan)) / keys deep, merged in waves.
+func (s *leaseStore) planDeep(ctx context.Context, q Querier, window []claimRow, plan []claimCandidate, limit int) ([]claimCandidate, error) {
+	rest := limit - len(plan)
+	var out []claimCandidate
+	keyless, err := s.claimRows(ctx, q, `SELECT seq, `+s.key+`, 1 FROM `+s.n.Outbox+` WHERE `+s.key+` = '' AND seq > ? AND `+
+		s.free("")+` ORDER BY seq LIMIT ?`, window[len(window)-1].seq, rest)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range keyless {
+		out = append(out, claimCandidate{claimRow: r, wave: 1})
+	}
+
+	var keyed []string
+	for _, r := range window {
+		if r.key != "" {
+			keyed = append(keyed, r.key)
+		}
+	}
+	start := ""
+	if len(keyed) > 0 {
+		start = keyed[rand.IntN(len(keyed))]
+	}
+	heads, err := s.claimRows(ctx, q, s.heads(true), start, 4*limit)
+	if err != nil {
+		return nil, err
+	}
+	if n := 4*limit - len(heads); n > 0 && start != "" {
+		lower, err := s.claimRows(ctx, q, s.heads(false), start, n)
+		if err != nil {
+			return nil, err
+		}
+		heads = append(heads, lower...)
+	}
+	inPlan := map[string]bool{}
+	for _, c := range plan {
+		inPlan[c.key] = true
+	}
+	heads = slices.DeleteFunc(heads, func(h claimRow) bool { return !h.free || inPlan[h.key] })
+	slices.SortFunc(heads, func(a, b claimRow) int { return cmp.Compare(a.seq, b.seq) })
+	heads = heads[:min(len(heads), rest)]
+
+	if len(heads) > 0 {
+		depth := (rest + len(heads) - 1) / len(heads)
+		// One statement per 50 keys: each key's rows from its head, depth at most.
+		const perStatement = 50
+		for chunk := range slices.Chunk(heads, perStatement) {
+			parts := make([]string, len(chunk))
+			args := make([]any, 0, 3*len(chunk))
+			for i, h := range chunk {
+				parts[i] = `SELECT * FROM (SELECT seq, ` + s.key + `, ` + s.free("") + ` FROM ` + s.n.Outbox +
+					` WHERE ` + s.key + ` = ? AND seq >= ? ORDER BY seq LIMIT ?) AS r` + strconv.Itoa(i)
+				args = append(args, h.key, h.seq, depth)
+			}
+			rows, err := s.claimRows(ctx, q, strings.Join(parts, " UNION ALL "), args...)
+			if err != nil {
+				return nil, err
+			}
+			slices.SortFunc(rows, func(a, b claimRow) int { return cmp.Or(strings.Compare(a.key, b.key), cmp.Compare(a.seq, b.seq)) })
+			wave, key := 0, ""
+			for _, r := range rows {
+				if r.key != key {
+					wave, key = 0, r.key
+				}
+				if wave < 0 || !r.free {
+					wave = -1 // the run ended
+					continue
+				}
+				wave++
+				out = append(out, claimCandidate{claimRow: r, wave: wave})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b claimCandidate) int { return cmp.Or(cmp.Compare(a.wave, b.wave), cmp.Compare(a.seq, b.seq)) })
+	return out[:min(len(out), rest)], nil
+}
+
+// onlyKeyless reports whether the outbox holds no keyed row (one probe of the keyed index):
+// then a claim is a plain queue read of the oldest free rows, which need no order.
+func (s *leaseStore) onlyKeyless(ctx context.Context, q Querier) (bool, error) {
+	rows, err := q.Query(ctx, "SELECT 1 FROM "+s.n.Outbox+" WHERE "+s.key+" <> '' LIMIT 1")
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	return !rows.Next(), rows.Err()
+}
+
+// oldestKeyless is the condition that picks the oldest free keyless rows, up to the limit
+// given as its one argument.
+func (s *leaseStore) oldestKeyless() string {
+	return s.key + " = '' AND " + s.free("") + " ORDER BY seq LIMIT ?"
+}
+
+// free is the dialect's "row is due and not leased" expression over the columns of alias
+// ("" for none).
+func (s *leaseStore) free(alias string) string {
+	p := ""
+	if alias != "" {
+		p = alias + "."
+	}
+	return "(" + p + "available_at <= " + s.now + " AND (" + p + "lease_until IS NULL OR " + p + "lease_until <= " + s.now + "))"
+}
+
+// claimRows runs a query of (seq, key, free) rows.
+func (s *leaseStore) claimRows(ctx context.Context, q Querier, query string, args ...any) ([]claimRow, error) {
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []claimRow
+	for rows.Next() {
+		var (
+			r    claimRow
+			free int64
+		)
+		if err := rows.Scan(&r.seq, &r.key, &free); err != nil {
+			return nil, err
+		}
+		r.free = free != 0
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// keepRuns returns the candidates to keep once the rows in got have been locked (MySQL) or
+// leased (SQLite): every keyless one in got, and of each key the candidates up to its
+// first one missing from got — a row that another claim took since the plan, or that a
+// write-back holds, ends its key's run. The rest are the candidates in got to give back.
+func keepRuns(cands []claimCandidate, got map[int64]bool) (keep, giveBack []int64) {
+	ended := map[string]bool{}
+	bySeq := slices.Clone(cands)
+	slices.SortFunc(bySeq, func(a, b claimCandidate) int { return cmp.Compare(a.seq, b.seq) })
+	for _, c := range bySeq {
+		switch {
+		case !got[c.seq]:
+			if c.key != "" {
+				ended[c.key] = true
+			}
+		case c.key != "" && ended[c.key]:
+			giveBack = append(giveBack, c.seq)
+		default:
+			keep = append(keep, c.seq)
+		}
+	}
+	return keep, giveBack
+}
