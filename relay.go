@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -285,7 +286,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// write-back: its sends crashed or hung the relay. Dead-letter it instead of looping.
 	// A row the store could not read is dead-lettered alone; the rest of the claim goes on.
 	var out outcome
-	sendable := make([]Claimed, 0, len(claimed)) // sized once: a batch is hundreds of messages
+	sendable := claimed[:0] // filtered in place: claimed is not read again
 	for _, c := range claimed {
 		if c.Err != nil {
 			out.deadLetter(c, deadUnreadableRow, fmt.Sprintf("unreadable outbox row: %v", c.Err))
@@ -353,7 +354,7 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 	waves := splitWaves(claimed)
 	blocked := map[string]bool{}
 	for _, wave := range waves {
-		batch := make([]Claimed, 0, len(wave))
+		batch := wave[:0] // filtered in place: the wave is not read again
 		for _, c := range wave {
 			if c.Message.Key != "" && blocked[c.Message.Key] {
 				out.release = append(out.release, c.Seq)
@@ -433,6 +434,9 @@ func (r *Relay) sendBatch(ctx context.Context, batch []Claimed) map[int]error {
 // splitWaves groups claimed messages (in outbox order) so that each wave holds at most one
 // message per key, in key order across waves.
 func splitWaves(claimed []Claimed) [][]Claimed {
+	if !slices.ContainsFunc(claimed, func(c Claimed) bool { return c.Message.Key != "" }) {
+		return [][]Claimed{claimed} // keyless: one wave, as claimed
+	}
 	var waves [][]Claimed
 	depth := map[string]int{}
 	for _, c := range claimed {

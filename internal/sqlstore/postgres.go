@@ -128,10 +128,14 @@ func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Cla
 // with Claimed.Err naming the column and the problem, for the relay to dead-letter alone.
 func ScanClaimed(rows Rows) ([]outbox.Claimed, error) {
 	defer rows.Close()
-	var out []outbox.Claimed
+	var (
+		out  []outbox.Claimed
+		r    outboxRow
+		dest = r.dest() // one row and its targets for all: message copies what it keeps
+	)
 	for rows.Next() {
-		var r outboxRow
-		if err := rows.Scan(r.dest()...); err != nil {
+		r = outboxRow{}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		c := outbox.Claimed{Seq: r.seq, Attempts: r.attempts}

@@ -47,31 +47,34 @@ type pending struct {
 	nc     *nats.Conn
 	reply  []byte // publish's buffer
 
-	mu       sync.Mutex
-	msgs     []*nats.Msg // by index in the batch; nil: not published
-	acked    []bool
-	errs     []error // the stream's answer: nil for stored (or dropped as a duplicate)
-	acks     []*jetstream.PubAck
-	retries  []int8 // no-responders retries spent
-	inFlight int    // published and not acknowledged
-	done     bool   // the Send returned: late acks and retries are dropped
-	changed  chan struct{}
-	wantAcks bool // keep the decoded PubAcks (Sender.onAck)
+	rebuild func(index int) (*nats.Msg, error) // the message at index, for a retry
+
+	mu        sync.Mutex
+	published []bool // by index in the batch
+	acked     []bool
+	errs      []error // the stream's answer: nil for stored (or dropped as a duplicate)
+	acks      []*jetstream.PubAck
+	retries   []int8 // no-responders retries spent
+	inFlight  int    // published and not acknowledged
+	done      bool   // the Send returned: late acks and retries are dropped
+	changed   chan struct{}
+	wantAcks  bool // keep the decoded PubAcks (Sender.onAck)
 }
 
 // start subscribes to the acks on first use and registers a Send of n messages.
-func (r *ackRouter) start(nc *nats.Conn, n int, wantAcks bool) (*pending, error) {
+func (r *ackRouter) start(nc *nats.Conn, n int, wantAcks bool, rebuild func(int) (*nats.Msg, error)) (*pending, error) {
 	if err := r.subscribe(nc); err != nil {
 		return nil, err
 	}
 	p := &pending{
-		nc:       nc,
-		msgs:     make([]*nats.Msg, n),
-		acked:    make([]bool, n),
-		errs:     make([]error, n),
-		retries:  make([]int8, n),
-		changed:  make(chan struct{}, 1),
-		wantAcks: wantAcks,
+		nc:        nc,
+		rebuild:   rebuild,
+		published: make([]bool, n),
+		acked:     make([]bool, n),
+		errs:      make([]error, n),
+		retries:   make([]int8, n),
+		changed:   make(chan struct{}, 1),
+		wantAcks:  wantAcks,
 	}
 	if wantAcks {
 		p.acks = make([]*jetstream.PubAck, n)
@@ -139,12 +142,12 @@ func (p *pending) publish(index int, msg *nats.Msg) error {
 	p.reply = strconv.AppendInt(append(p.reply[:0], p.prefix...), int64(index), 10)
 	msg.Reply = string(p.reply)
 	p.mu.Lock()
-	p.msgs[index] = msg
+	p.published[index] = true
 	p.inFlight++
 	p.mu.Unlock()
 	if err := p.nc.PublishMsg(msg); err != nil {
 		p.mu.Lock()
-		p.msgs[index] = nil
+		p.published[index] = false
 		p.inFlight--
 		p.mu.Unlock()
 		return err
@@ -153,7 +156,7 @@ func (p *pending) publish(index int, msg *nats.Msg) error {
 }
 
 func (p *pending) receive(index int, m *nats.Msg) {
-	if index < 0 || index >= len(p.msgs) {
+	if index < 0 || index >= len(p.published) {
 		return
 	}
 	noResponders := len(m.Data) == 0 && m.Header.Get("Status") == "503"
@@ -166,14 +169,13 @@ func (p *pending) receive(index int, m *nats.Msg) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	msg := p.msgs[index]
-	if p.done || msg == nil || p.acked[index] {
+	if p.done || !p.published[index] || p.acked[index] {
 		return
 	}
 	if noResponders {
 		if p.retries[index] < noRespondersRetries {
 			p.retries[index]++
-			time.AfterFunc(noRespondersWait, func() { p.republish(index, msg) })
+			time.AfterFunc(noRespondersWait, func() { p.republish(index) })
 			return
 		}
 		err = jetstream.ErrNoStreamResponse
@@ -187,14 +189,19 @@ func (p *pending) receive(index int, m *nats.Msg) {
 }
 
 // republish sends a message again after a no-responders reply, unless its Send is over.
-func (p *pending) republish(index int, msg *nats.Msg) {
+func (p *pending) republish(index int) {
 	p.mu.Lock()
 	done := p.done
 	p.mu.Unlock()
 	if done {
 		return
 	}
-	if err := p.nc.PublishMsg(msg); err != nil {
+	msg, err := p.rebuild(index)
+	if err == nil {
+		msg.Reply = p.prefix + strconv.Itoa(index)
+		err = p.nc.PublishMsg(msg)
+	}
+	if err != nil {
 		p.mu.Lock()
 		if !p.done && !p.acked[index] {
 			p.acked[index], p.errs[index] = true, err
@@ -244,12 +251,12 @@ func (p *pending) outcome(index int) (ack *jetstream.PubAck, ok bool, err error)
 }
 
 // parseAck reads a publish ack: nil for a message the stream stored (or dropped as a
-// duplicate), the stream's API error, or ErrInvalidJSAck. A plain "stored" ack,
-// {"stream":"NAME","seq":N…}, is recognised without decoding it, unless full asks for the
-// PubAck.
+// duplicate), the stream's API error, or ErrInvalidJSAck. A plain "stored" ack
+// (nats-server writes {"stream":"NAME", "seq":N…}) is recognised without decoding it,
+// unless full asks for the PubAck.
 func parseAck(data []byte, full bool) (*jetstream.PubAck, error) {
 	if !full && bytes.HasPrefix(data, []byte(`{"stream":"`)) && bytes.HasSuffix(data, []byte(`}`)) &&
-		bytes.Contains(data, []byte(`,"seq":`)) && !bytes.Contains(data, []byte(`"error"`)) {
+		bytes.Contains(data, []byte(`"seq":`)) && !bytes.Contains(data, []byte(`"error"`)) {
 		return nil, nil
 	}
 	var resp struct {

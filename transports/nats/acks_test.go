@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// TestParseAck: what each kind of ack means, including acks as nats-server writes them.
 func TestParseAck(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -16,6 +17,8 @@ func TestParseAck(t *testing.T) {
 		wantAck    *jetstream.PubAck
 	}{
 		{name: "stored", data: `{"stream":"ORDERS","seq":42}`},
+		{name: "stored, as nats-server writes it", data: `{"stream":"ORDERS", "seq":42}`},
+		{name: "duplicate, as nats-server writes it", data: `{"stream":"ORDERS", "seq":1,"duplicate": true}`},
 		{name: "stored, full", data: `{"stream":"ORDERS","seq":42}`, full: true, wantAck: &jetstream.PubAck{Stream: "ORDERS", Sequence: 42}},
 		{name: "duplicate, full", data: `{"stream":"ORDERS","seq":7,"duplicate":true}`, full: true, wantAck: &jetstream.PubAck{Stream: "ORDERS", Sequence: 7, Duplicate: true}},
 		{name: "api error", data: `{"error":{"code":400,"err_code":10054,"description":"maximum message size exceeded"}}`,
@@ -45,5 +48,16 @@ func TestParseAck(t *testing.T) {
 				t.Fatalf("ack = %+v, want %+v", ack, c.wantAck)
 			}
 		})
+	}
+}
+
+// TestParseStoredAckDecodesNothing: a plain "stored" ack, as nats-server writes it, is
+// recognised without decoding: nothing allocated. (Not parallel: AllocsPerRun forbids it.)
+func TestParseStoredAckDecodesNothing(t *testing.T) {
+	for _, data := range []string{`{"stream":"ORDERS", "seq":42}`, `{"stream":"ORDERS", "seq":1,"duplicate": true}`, `{"stream":"ORDERS","seq":42}`} {
+		ack := []byte(data)
+		if n := testing.AllocsPerRun(10, func() { _, _ = parseAck(ack, false) }); n != 0 {
+			t.Errorf("ack %s cost %v allocations, want 0 (decoded instead of recognised)", data, n)
+		}
 	}
 }

@@ -180,7 +180,10 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		return fmt.Errorf("outboxnats: cannot send %d message(s): the connection is %s: %w", len(msgs), nc.Status(), nats.ErrDisconnected)
 	}
 	limit, limitName := s.limit()
-	p, err := s.acks.start(nc, len(msgs), s.onAck != nil)
+	// A message to publish again (after a no-responders reply) is encoded anew: the Send
+	// reuses its message.
+	rebuild := func(i int) (*nats.Msg, error) { return s.encode(msgs[i], limit, limitName, nil) }
+	p, err := s.acks.start(nc, len(msgs), s.onAck != nil, rebuild)
 	if err != nil {
 		return err
 	}
@@ -188,8 +191,8 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 
 	failed := map[int]error{}
 	subjects := make([]string, len(msgs))
-	byType := map[string]string{} // the subject of each event type, checked once per Send
-	var stop error                // once set, the rest of the batch is not published
+	enc := &encoding{subjects: map[string]string{}}
+	var stop error // once set, the rest of the batch is not published
 	stopped := 0
 	for i, m := range msgs {
 		if stop == nil {
@@ -202,7 +205,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			stopped++
 			continue
 		}
-		nm, err := s.encode(m, limit, limitName, byType)
+		nm, err := s.encode(m, limit, limitName, enc)
 		if err != nil {
 			failed[i] = err
 			continue
@@ -257,26 +260,46 @@ func ackError(m outbox.Message, subj string, err error) error {
 	return fmt.Errorf("outboxnats: the stream did not store message %s on %s: %w", m.ID, subj, err)
 }
 
-// encode turns m into a NATS message in CloudEvents binary mode, checking that it fits.
-// subjects, when not nil, remembers the checked subject of each event type for the next
-// messages of a Send (routing that depends only on the type).
-func (s *Sender) encode(m outbox.Message, limit int, limitName string, subjects map[string]string) (*nats.Msg, error) {
-	subj, ok := subjects[m.Type]
+// encoding is what a Send reuses from one message to the next: the checked subject of each
+// event type (when routing depends only on the type), and one nats.Msg with its header map
+// and values, since nats.go copies a message into its write buffer before PublishMsg
+// returns.
+type encoding struct {
+	subjects map[string]string
+	msg      nats.Msg
+	vals     []string
+}
+
+// encode turns m into a NATS message in CloudEvents binary mode, checking that it fits. With
+// e, the message is e's, valid until the next call; without, it is new.
+func (s *Sender) encode(m outbox.Message, limit int, limitName string, e *encoding) (*nats.Msg, error) {
+	if e == nil {
+		e = &encoding{}
+	}
+	subj, ok := e.subjects[m.Type]
 	if !ok {
 		var err error
 		if subj, err = s.SubjectFor(m); err != nil {
 			return nil, err
 		}
-		if subjects != nil && s.cfg.Subject == nil {
-			subjects[m.Type] = subj
+		if e.subjects != nil && s.cfg.Subject == nil {
+			e.subjects[m.Type] = subj
 		}
 	}
 	// Headers go straight into one nats.Header (no intermediate map), the values sharing one
 	// backing array: nats.Header wants a slice per key. Their size on the wire is counted as
-	// they are set. This runs once per message.
+	// they are set.
 	n := 8 + len(m.Headers) // 6 CloudEvents attributes, key, Nats-Msg-Id, expected stream
-	h := make(nats.Header, n)
-	vals := make([]string, 0, n)
+	h := e.msg.Header
+	if h == nil {
+		h = make(nats.Header, n)
+	} else {
+		clear(h)
+	}
+	vals := e.vals[:0]
+	if cap(vals) < n {
+		vals = make([]string, 0, n)
+	}
 	hs := len("NATS/1.0\r\n") + len("\r\n")
 	set := func(k, v string) {
 		if old, dup := h[k]; dup {
@@ -316,7 +339,9 @@ func (s *Sender) encode(m outbox.Message, limit int, limitName string, subjects 
 		return nil, fmt.Errorf("outboxnats: message %s is %d bytes (body %d + headers %d), over %s of %s: %w",
 			m.ID, hs+len(m.Body), len(m.Body), hs, limitName, formatBytes(limit), outbox.ErrTooLarge)
 	}
-	return &nats.Msg{Subject: subj, Header: h, Data: m.Body}, nil
+	e.vals = vals
+	e.msg = nats.Msg{Subject: subj, Header: h, Data: m.Body}
+	return &e.msg, nil
 }
 
 // idHeader carries the CloudEvents id in binary mode.
