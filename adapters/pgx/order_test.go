@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txoutbox/outbox"
@@ -223,4 +224,52 @@ func TestLongRunIsReleasedBeforeItsLeaseEnds(t *testing.T) {
 		return len(q.Sent()) >= n
 	})
 	outboxtest.CheckPerKeyOrder(t, events, q.Sent())
+}
+
+// TestRunEndsAtAWaitingEvent: a key's events X, Y, Z where Y waits for a retry and X, whose
+// transaction committed late, is free: a claim takes X (its key's first event) and not Z,
+// which must wait behind Y.
+func TestRunEndsAtAWaitingEvent(t *testing.T) {
+	t.Parallel()
+	o := newTestOutbox(t)
+	ctx := context.Background()
+	x := outbox.New(outboxtestNote{N: 1}, outbox.WithKey("k"))
+	y := outbox.New(outboxtestNote{N: 2}, outbox.WithKey("k"))
+	z := outbox.New(outboxtestNote{N: 3}, outbox.WithKey("k"))
+	late, err := o.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(ctx)
+	if err := o.Publish(ctx, late, x); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, y) }); err != nil {
+		t.Fatal(err)
+	}
+	store := o.store(t)
+	claimed, err := store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 1, Limit: 10, Lease: time.Minute})
+	if err != nil || len(claimed) != 1 || claimed[0].Message.ID != y.ID {
+		t.Fatalf("first claim %v, %v; want Y alone", claimed, err)
+	}
+	if err := store.Retry(ctx, 1, []outbox.Retry{{Seq: claimed[0].Seq, Delay: time.Hour, Error: "broker down"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, z) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err = store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 2, Limit: 10, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != 1 || claimed[0].Message.ID != x.ID {
+		var got []int
+		for _, c := range claimed {
+			got = append(got, map[uuid.UUID]int{x.ID: 1, y.ID: 2, z.ID: 3}[c.Message.ID])
+		}
+		t.Fatalf("second claim took events %v, want [1] (X; Z waits behind Y)", got)
+	}
 }

@@ -17,10 +17,9 @@ import (
 //     free and rows of runs, never another row of a key: so no row goes while an earlier
 //     row of its key is in flight or waiting, and a row that becomes visible late is its
 //     key's head then (claimed, never skipped).
-//   - The claim reads a window, the first claimWindow(limit) rows, and merges the free
-//     keyless rows and its keys' runs in waves (every key's first row and the keyless rows,
-//     oldest first, then every key's second row…), the older half of the keys first so a
-//     concurrent claim finds keys of its own.
+//   - The claim reads a window, the first claimWindow(limit) rows, and takes its free
+//     keyless rows and its keys' runs oldest first, the runs of the older half of its keys
+//     before the others, which it leaves to a concurrent claim when it is full.
 //   - Past a full window that did not fill the claim, keys' heads come from a loose index
 //     scan over (key, seq), one probe per key, from a random key of the window, wrapping
 //     around, at most 4 × limit keys: the cost follows the number of keys, never the depth
@@ -33,8 +32,9 @@ type claimRow struct {
 	free bool // due, and not leased
 }
 
-// claimCandidate is a row a claim means to lease: the wave it goes in, and whether its key
-// is in the younger half of the window's keys.
+// claimCandidate is a row a claim means to lease: its wave (its place in its key's run, for
+// runs found beyond the window), and whether its key is in the younger half of the
+// window's keys.
 type claimCandidate struct {
 	claimRow
 	wave  int
@@ -48,9 +48,8 @@ func claimWindow(limit int) int { return 2 * limit }
 // state, in key order from start (upper) or below start (!upper). Arguments: start, n.
 type runHeads func(upper bool) string
 
-// planClaim picks the rows a claim of limit rows should lease, in claim order (wave, then
-// seq): what planWindow finds in the window and, past a full window that leaves room, what
-// planDeep finds beyond it.
+// planClaim picks the rows a claim of limit rows should lease: what planWindow finds in the
+// window and, past a full window that leaves room, what planDeep finds beyond it.
 func (s *leaseStore) planClaim(ctx context.Context, q Querier, limit int) ([]claimCandidate, error) {
 	window, err := s.claimRows(ctx, q, `SELECT seq, `+s.key+`, `+s.free("")+` FROM `+s.n.Outbox+
 		` ORDER BY seq LIMIT ?`, claimWindow(limit))
@@ -72,25 +71,23 @@ func (s *leaseStore) planClaim(ctx context.Context, q Querier, limit int) ([]cla
 func planWindow(window []claimRow, limit int) []claimCandidate {
 	var (
 		out    []claimCandidate
-		depth  = map[string]int{}
-		rank   = map[string]int{}
+		rank   = map[string]int{} // keys with a run, by the order of their heads
 		broken = map[string]bool{}
 	)
 	for _, r := range window {
 		switch {
 		case r.key == "":
 			if r.free {
-				out = append(out, claimCandidate{claimRow: r, wave: 1})
+				out = append(out, claimCandidate{claimRow: r})
 			}
 		case broken[r.key]:
 		case !r.free:
 			broken[r.key] = true
 		default:
-			depth[r.key]++
-			if depth[r.key] == 1 {
+			if _, ok := rank[r.key]; !ok {
 				rank[r.key] = len(rank)
 			}
-			out = append(out, claimCandidate{claimRow: r, wave: depth[r.key]})
+			out = append(out, claimCandidate{claimRow: r})
 		}
 	}
 	for i, c := range out {
@@ -105,14 +102,15 @@ func planWindow(window []claimRow, limit int) []claimCandidate {
 			}
 			return -1
 		}
-		return cmp.Or(cmp.Compare(a.wave, b.wave), cmp.Compare(a.seq, b.seq))
+		return cmp.Compare(a.seq, b.seq)
 	})
 	return out[:min(len(out), limit)]
 }
 
 // planDeep finds up to limit - len(plan) more rows beyond a full window: keyless rows after
-// it, and the runs of keys whose heads are free and that the plan does not hold already,
-// (limit - len(plan)) / keys deep, merged in waves.
+// it, the runs of keys whose heads are free and that the plan does not hold already, and
+// the rest of the runs the window cut short, (limit - len(plan)) / keys deep, merged in
+// waves.
 func (s *leaseStore) planDeep(ctx context.Context, q Querier, window []claimRow, plan []claimCandidate, limit int) ([]claimCandidate, error) {
 	rest := limit - len(plan)
 	var out []claimCandidate
@@ -153,6 +151,20 @@ func (s *leaseStore) planDeep(ctx context.Context, q Querier, window []claimRow,
 	heads = slices.DeleteFunc(heads, func(h claimRow) bool { return !h.free || inPlan[h.key] })
 	slices.SortFunc(heads, func(a, b claimRow) int { return cmp.Compare(a.seq, b.seq) })
 	heads = heads[:min(len(heads), rest)]
+	// A key whose rows in the window are all in the plan (the plan is not full, so none was
+	// cut) has its run cut short by the window only: it goes on after the window.
+	last := window[len(window)-1].seq
+	cut := map[string]bool{}
+	for _, r := range window {
+		if r.key != "" && !r.free {
+			cut[r.key] = true
+		}
+	}
+	for key := range inPlan {
+		if key != "" && !cut[key] && len(heads) < rest {
+			heads = append(heads, claimRow{seq: last + 1, key: key, free: true})
+		}
+	}
 
 	if len(heads) > 0 {
 		depth := (rest + len(heads) - 1) / len(heads)

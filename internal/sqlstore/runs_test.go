@@ -18,13 +18,13 @@ func TestPlanWindowTakesRunsInWaves(t *testing.T) {
 	for _, c := range planWindow(window, 100) {
 		got = append(got, c.seq)
 	}
-	// Keys a, c, d, e have runs; the older half (a, c) goes first, wave by wave with the
-	// keyless row in the first wave; then d and e.
-	want := []int64{1, 3, 6, 4, 10, 11, 12}
+	// Keys a, c, d, e have runs; the older half (a, c) goes first, oldest rows first, with
+	// the keyless row; then d and e.
+	want := []int64{1, 3, 4, 6, 10, 11, 12}
 	if !slices.Equal(got, want) {
 		t.Fatalf("planned %v, want %v", got, want)
 	}
-	if got := planWindow(window, 3); len(got) != 3 || got[2].seq != 6 {
+	if got := planWindow(window, 3); len(got) != 3 || got[2].seq != 4 {
 		t.Fatalf("a plan of 3 is %v, want the first three of %v", got, want)
 	}
 }

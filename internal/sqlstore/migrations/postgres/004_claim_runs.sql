@@ -25,16 +25,16 @@ CREATE INDEX IF NOT EXISTS {{idx "keyless_seq_idx"}} ON {{.Outbox}} (seq) WHERE 
 -- 2. An outbox with no keyed row at all (one probe of the keyed index) is a plain queue:
 --    the oldest free rows, FOR UPDATE SKIP LOCKED.
 -- 3. The window: the first 2 × p_limit rows in seq order (one index range). Its free
---    keyless rows and the runs of its keys are merged in waves: every key's first row and
---    the keyless rows, oldest first, then every key's second row, and so on; the older
---    half of the keys goes first, leaving the other half to a concurrent claim. Leased
+--    keyless rows and the runs of its keys, oldest first, the runs of the older half of
+--    its keys before the others, leaving those to a concurrent claim. Leased
 --    FOR UPDATE SKIP LOCKED: under the lock only Complete can hold a row, and a row it
 --    holds was delivered, so a later row of its key may go.
 -- 4. A full window that did not fill the claim (every key there is in flight, few keys,
 --    or keyless rows in front): keyless rows beyond it come from their own index, and the
 --    heads of keys from a loose index scan over (key, seq), one descent per key, from a
 --    random key near the front, wrapping around, at most 4 × p_limit keys. Each free head
---    gives its run, (p_limit - claimed) / keys deep, read again under the lock.
+--    gives its run, (p_limit - claimed) / keys deep, read again under the lock; a run that
+--    the window cut short goes on beyond it.
 --
 -- The relay's own commits may be lost on a crash without losing events (only re-sending
 -- them), so they skip the WAL flush.
@@ -97,10 +97,10 @@ BEGIN
     END IF;
 
     -- 3. The window: the first 2 × p_limit rows. Its free keyless rows and the runs of its
-    --    keys (each key's rows from its first one, while they are free), merged in waves,
-    --    oldest first within a wave. Under the lock, only Complete can hold a row (one it
-    --    is deleting after delivery), so SKIP LOCKED never lets a row overtake one of its
-    --    key that is still to be sent.
+    --    keys (each key's rows from its first one, while they are free), oldest first, the
+    --    older half of the keys before the other. Under the lock, only Complete can hold a
+    --    row (one it is deleting after delivery), so SKIP LOCKED never lets a row overtake
+    --    one of its key that is still to be sent.
     IF v_locked THEN
         RETURN QUERY
         WITH w AS MATERIALIZED (
@@ -108,23 +108,22 @@ BEGIN
               FROM {{.Outbox}} AS o
              ORDER BY o.seq
              LIMIT v_window),
-        -- Keyed rows: wave = position in the key, ok = it and every earlier row of the key
-        -- are free, head = the key's first seq.
+        -- Each key of the window: its first seq (head) and the seq of its first row that is
+        -- not free (stop, or none); its run is its rows before stop. Keys are ranked by
+        -- head: the older half goes first, so that a concurrent claim finds keys of its own
+        -- instead of waiting for this one's. (Aggregates, not window functions over every
+        -- row: half the time, and this runs under the lock.)
+        k AS (
+            SELECT w.key, min(w.seq) AS head,
+                   coalesce(min(w.seq) FILTER (WHERE NOT w.free), 9223372036854775807) AS stop
+              FROM w WHERE w.key <> '' GROUP BY w.key),
         r AS (
-            SELECT w.ctid, w.seq, row_number() OVER k AS wave, bool_and(w.free) OVER k AS ok,
-                   first_value(w.seq) OVER k AS head
-              FROM w WHERE w.key <> ''
-            WINDOW k AS (PARTITION BY w.key ORDER BY w.seq)),
-        -- Keys ranked by their heads; the older half of the keys goes first, so that a
-        -- concurrent claim finds keys of its own instead of waiting for this one's.
-        ranked AS (SELECT r.ctid, r.seq, r.wave, dense_rank() OVER (ORDER BY r.head) AS rank FROM r WHERE r.ok),
+            SELECT k.key, k.stop, row_number() OVER (ORDER BY k.head) AS rank, count(*) OVER () AS keys
+              FROM k WHERE k.head < k.stop),
         c AS (
-            SELECT x.ctid FROM (
-                (SELECT w.ctid, w.seq, 1::bigint AS wave, false AS later
-                   FROM w WHERE w.key = '' AND w.free ORDER BY w.seq LIMIT p_limit)
-                UNION ALL
-                SELECT y.ctid, y.seq, y.wave, y.rank > (max(y.rank) OVER () + 1) / 2 FROM ranked AS y) AS x
-             ORDER BY x.later, x.wave, x.seq
+            SELECT w.ctid FROM w LEFT JOIN r ON r.key = w.key
+             WHERE CASE WHEN w.key = '' THEN w.free ELSE w.seq < r.stop END
+             ORDER BY w.key <> '' AND r.rank > (r.keys + 1) / 2, w.seq
              LIMIT p_limit)
         UPDATE {{.Outbox}} AS o
            SET claim_token = p_token,
@@ -157,24 +156,24 @@ BEGIN
                             OFFSET floor(random() * v_window) LIMIT 1))), '');
     WITH RECURSIVE
     upper AS (
-        (SELECT o.key, o.seq, o.available_at, o.lease_until
+        (SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
            FROM {{.Outbox}} AS o
           WHERE o.key >= v_start AND o.key <> ''
           ORDER BY o.key, o.seq LIMIT 1)
         UNION ALL
         SELECT n.* FROM upper AS h CROSS JOIN LATERAL (
-            SELECT o.key, o.seq, o.available_at, o.lease_until
+            SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
               FROM {{.Outbox}} AS o
              WHERE o.key > h.key AND o.key <> ''
              ORDER BY o.key, o.seq LIMIT 1) AS n),
     lower AS (
-        (SELECT o.key, o.seq, o.available_at, o.lease_until
+        (SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
            FROM {{.Outbox}} AS o
           WHERE o.key < v_start AND o.key <> ''
           ORDER BY o.key, o.seq LIMIT 1)
         UNION ALL
         SELECT n.* FROM lower AS h CROSS JOIN LATERAL (
-            SELECT o.key, o.seq, o.available_at, o.lease_until
+            SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
               FROM {{.Outbox}} AS o
              WHERE o.key > h.key AND o.key < v_start AND o.key <> ''
              ORDER BY o.key, o.seq LIMIT 1) AS n),
@@ -184,7 +183,9 @@ BEGIN
                        (SELECT * FROM lower LIMIT 4 * p_limit)) AS s
          LIMIT 4 * p_limit),
     heads AS (
-        SELECT o.key, o.seq FROM scanned AS o WHERE o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) ORDER BY o.seq LIMIT p_limit - v_n)
+        SELECT o.key, o.seq FROM scanned AS o
+         WHERE (o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) OR o.claim_token = p_token
+         ORDER BY o.seq LIMIT p_limit - v_n)
     SELECT ARRAY(SELECT h.key FROM heads AS h ORDER BY h.seq),
            ARRAY(SELECT h.seq FROM heads AS h ORDER BY h.seq)
       INTO v_keys, v_heads;
@@ -197,7 +198,8 @@ BEGIN
 
     -- Each key whose head is free gives its run from the head (read again, under the lock),
     -- (p_limit - claimed) / keys deep; merged with keyless rows in waves. This claim's own
-    -- leases from step 2 are visible here: the keys it took there are in flight.
+    -- leases from step 3 are visible here, and a run goes on after them (they are the first
+    -- rows of its key): a key whose run the window cut short continues beyond it.
     RETURN QUERY
     WITH c AS (
         (SELECT o.seq, 1::bigint AS wave
@@ -215,6 +217,7 @@ BEGIN
                   FROM (SELECT o.seq, o.available_at, o.lease_until
                           FROM {{.Outbox}} AS o
                          WHERE o.key = k.key AND o.key <> '' AND o.seq >= k.head
+                           AND o.claim_token IS DISTINCT FROM p_token
                          ORDER BY o.seq
                          LIMIT (p_limit - v_n + cardinality(v_keys) - 1) / greatest(cardinality(v_keys), 1)) AS o) AS x
              WHERE x.run) AS r
