@@ -1,0 +1,138 @@
+package idempotency_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/idempotency"
+	"github.com/txoutbox/outbox/outboxtest"
+)
+
+type step struct{ N int }
+
+func (step) EventType() string { return "test.step" }
+
+// memInbox is an Inbox in memory that records the size of every batch (RecordMany) and
+// lone event (Record); the SQL inboxes are tested with each adapter.
+type memInbox struct {
+	idempotency.Inbox[struct{}] // the methods the group does not call
+
+	mu      sync.Mutex
+	seen    map[idempotency.Key]bool
+	batches []int // keys per RecordMany, 1 per Record
+}
+
+func (m *memInbox) InTx(_ context.Context, fn func(struct{}) error) error { return fn(struct{}{}) }
+
+func (m *memInbox) Record(ctx context.Context, tx struct{}, k idempotency.Key) (bool, error) {
+	fresh, err := m.RecordMany(ctx, tx, []idempotency.Key{k})
+	return fresh[0], err
+}
+
+func (m *memInbox) RecordMany(_ context.Context, _ struct{}, keys []idempotency.Key) ([]bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.batches = append(m.batches, len(keys))
+	fresh := make([]bool, len(keys))
+	for i, k := range keys {
+		fresh[i] = !m.seen[k]
+		m.seen[k] = true
+	}
+	return fresh, nil
+}
+
+func (m *memInbox) sizes() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.batches)
+}
+
+// TestGroupWaitsUntilABatchIsWorthATransaction: with two transactions allowed, a batch
+// starts next to a running one only once as many events wait as the running batch holds:
+// while a batch of 3 runs, the next 3 events go together, where starting at once would
+// have sent the first alone. An idle group starts at once, even for one event.
+func TestGroupWaitsUntilABatchIsWorthATransaction(t *testing.T) {
+	t.Parallel()
+	in := &memInbox{seen: map[idempotency.Key]bool{}}
+	var (
+		mu      sync.Mutex
+		gates   = map[int]chan struct{}{}
+		entered = map[int]bool{}
+	)
+	gate := func(n int) chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		if gates[n] == nil {
+			gates[n] = make(chan struct{})
+		}
+		return gates[n]
+	}
+	g := idempotency.NewGroup[struct{}, step](in, func(ctx context.Context, _ struct{}, e outbox.Event[step]) error {
+		mu.Lock()
+		entered[e.Payload.N] = true
+		mu.Unlock()
+		select {
+		case <-gate(e.Payload.N):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, &idempotency.GroupConfig{MaxTransactions: 2})
+	ctx, cancel := context.WithCancel(consumer.WithInfo(context.Background(), consumer.Info{Consumer: "c", Attempt: 1}))
+	t.Cleanup(cancel) // a failed test must not leave calls blocked
+	results := map[int]chan error{}
+	call := func(n int) {
+		result := make(chan error, 1)
+		results[n] = result
+		go func() { result <- g.Handle(ctx, outbox.New(step{n})) }()
+	}
+	// release lets the handlers of ns return (a batch's run one after another), and waits
+	// for their calls.
+	release := func(ns ...int) {
+		for _, n := range ns {
+			close(gate(n))
+		}
+		for _, n := range ns {
+			if err := <-results[n]; err != nil {
+				t.Fatalf("event %d: %v", n, err)
+			}
+		}
+	}
+	// handling reports whether the handler of one of ns has started (the goroutines of
+	// calls made together enqueue in any order).
+	handling := func(ns ...int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.ContainsFunc(ns, func(n int) bool { return entered[n] })
+		}
+	}
+	waiting := func(n int) func() bool { return func() bool { return g.Waiting() == n } }
+	const wait = 10 * time.Second
+
+	call(1) // idle: starts at once, alone
+	outboxtest.WaitFor(t, wait, "event 1 to run", handling(1))
+	call(2) // a batch of 1 runs: one waiting event is worth a second transaction
+	outboxtest.WaitFor(t, wait, "event 2 to run next to 1", handling(2))
+	call(3)
+	call(4)
+	call(5) // both transactions busy: 3, 4, 5 wait
+	outboxtest.WaitFor(t, wait, "3, 4 and 5 to wait", waiting(3))
+	release(1) // 3, 4, 5 take the free transaction together
+	outboxtest.WaitFor(t, wait, "the batch of 3, 4 and 5 to run", handling(3, 4, 5))
+	release(2) // now only the batch of 3 runs
+	call(6)
+	call(7) // 6 and 7 are fewer than the batch running: they wait for a third
+	outboxtest.WaitFor(t, wait, "6 and 7 to wait", waiting(2))
+	call(8)
+	outboxtest.WaitFor(t, wait, "the batch of 6, 7 and 8 to run", handling(6, 7, 8))
+	release(3, 4, 5, 6, 7, 8)
+	if got, want := in.sizes(), []int{1, 1, 3, 3}; !slices.Equal(got, want) {
+		t.Fatalf("batches of %v events, want %v", got, want)
+	}
+}
