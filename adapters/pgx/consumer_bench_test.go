@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
@@ -33,12 +32,17 @@ func BenchmarkConsumer(b *testing.B) {
 	o := benchOutbox(b)
 	ctx := context.Background()
 	effects := o.schema + ".effects"
-	// Enough connections for the handlers in flight (pgxpool's default is 4 on 2 cores).
-	pool, err := pgxpool.New(ctx, pgxtest.URL()+"&pool_max_conns=32")
-	if err != nil {
-		b.Fatal(err)
+	// Enough connections for the handlers in flight (pgxpool's default is 4 on 2 cores),
+	// their sessions told apart so that their backends' CPU time can be measured.
+	pool, backends := pgxtest.TaggedPool(b, 32)
+	meters := []benchtest.Meter{{Name: "cpu", Read: benchtest.BusyJiffies}, benchtest.Processes("self"), benchtest.PIDs("postgres", backends)}
+	read := func() []int64 {
+		v := make([]int64, len(meters))
+		for i, m := range meters {
+			v[i] = m.Read()
+		}
+		return v
 	}
-	defer pool.Close()
 	if _, err := o.pool.Exec(ctx, "CREATE TABLE "+effects+" (event_id uuid PRIMARY KEY, total bigint NOT NULL)"); err != nil {
 		b.Fatal(err)
 	}
@@ -46,8 +50,8 @@ func BenchmarkConsumer(b *testing.B) {
 		_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, $2)", e.ID, e.Payload.Total)
 		return err
 	}
-	// measure returns the events/s of one round and the machine's busy CPU time it took.
-	measure := func(name string, concurrency int, h consumer.Handler[order]) (float64, int64) {
+	// measure returns the events/s of one round and the CPU time each meter read meanwhile.
+	measure := func(name string, concurrency int, h consumer.Handler[order]) (float64, []int64) {
 		q := outboxmem.New(nil)
 		msgs := make([]outbox.Message, n)
 		for i := range msgs {
@@ -61,9 +65,15 @@ func BenchmarkConsumer(b *testing.B) {
 			b.Fatal(err)
 		}
 		consumer.Handle(c, h)
-		cpu := benchtest.BusyJiffies()
+		cpu := read()
 		elapsed := runUntilDrained(b, c, q)
-		cpu = benchtest.BusyJiffies() - cpu
+		for i, c1 := range read() {
+			if cpu[i] >= 0 && c1 >= 0 {
+				cpu[i] = c1 - cpu[i]
+			} else {
+				cpu[i] = -1
+			}
+		}
 		if _, err := o.pool.Exec(ctx, "TRUNCATE "+effects); err != nil {
 			b.Fatal(err)
 		}
@@ -82,13 +92,22 @@ func BenchmarkConsumer(b *testing.B) {
 		{"grouped_1tx", 32, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxTransactions: 1})},
 		{"grouped_c64", 64, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, nil)},
 	}
-	rates, cpu := map[string][]float64{}, map[string]int64{}
+	rates, cpu := map[string][]float64{}, map[string][]int64{}
 	for round := range rounds {
 		for _, v := range variants {
 			// Each round's consumer has a name of its own: a fresh inbox.
 			r, c := measure(fmt.Sprintf("%s_%d", v.name, round), v.concurrency, v.h)
 			rates[v.name] = append(rates[v.name], r)
-			cpu[v.name] += c
+			if cpu[v.name] == nil {
+				cpu[v.name] = make([]int64, len(meters))
+			}
+			for i := range c {
+				if c[i] < 0 || cpu[v.name][i] < 0 {
+					cpu[v.name][i] = -1
+				} else {
+					cpu[v.name][i] += c[i]
+				}
+			}
 		}
 	}
 	plain, idem, grouped := median(rates["plain"]), median(rates["idempotent"]), median(rates["grouped"])
@@ -109,9 +128,13 @@ func BenchmarkConsumer(b *testing.B) {
 	b.ReportMetric(grouped/ceiling, "grouped/raw_tx")
 	b.ReportMetric(median(rates["grouped_1tx"]), "grouped_1tx_events/s")
 	b.ReportMetric(median(rates["grouped_c64"]), "grouped_c64_events/s")
-	if cpu["plain"] > 0 { // Linux: the machine's busy CPU time per event (client, database and whatever else runs)
-		for _, name := range []string{"plain", "idempotent", "grouped"} {
-			b.ReportMetric(float64(cpu[name])*1e6/benchtest.ClockTicks/(n*rounds), name+"_cpu_µs/event")
+	// On Linux, CPU time per event: the machine's (client, database and whatever else
+	// runs), this process's, and the handlers' database backends'.
+	for _, name := range []string{"plain", "idempotent", "grouped"} {
+		for i, c := range cpu[name] {
+			if c >= 0 {
+				b.ReportMetric(float64(c)*1e6/benchtest.ClockTicks/(n*rounds), name+"_"+meters[i].Name+"_µs/event")
+			}
 		}
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -126,24 +124,14 @@ func BenchmarkJetStream(b *testing.B) {
 			}
 		}
 	}
-	// The relays' database connections carry an application_name of their own, so that
-	// what their backends spend can be told from what other sessions cost the server.
-	app := "outboxnats_bench_" + unique()
-	var pg *pgxtest.Outbox // either relay's: for pg_stat_activity
+	// The relays' database sessions are told apart from others on the server, so that what
+	// their backends spend can be measured.
+	var backends []func() []int
 	// relayPath drains an outbox of its own through s.
 	relayPath := func(s outbox.Sender) func(_ *destination, n int) func() {
 		o := pgxtest.New(b, "outboxnats")
-		pg = o
-		cfg, err := pgxpool.ParseConfig(pgxtest.URL())
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg.ConnConfig.RuntimeParams["application_name"] = app
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(pool.Close)
+		pool, pids := pgxtest.TaggedPool(b, 0)
+		backends = append(backends, pids)
 		store, err := o.NewStore(pool)
 		if err != nil {
 			b.Fatal(err)
@@ -166,16 +154,16 @@ func BenchmarkJetStream(b *testing.B) {
 	}
 	relayDst := fresh()
 	relay, outboxOnly := relayPath(relayDst.sender), relayPath(benchtest.Discard{})
-	backends := func() []int {
-		rows, err := pg.Pool.Query(context.Background(), "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app)
-		if err != nil {
-			return nil
+	relayBackends := func() []int {
+		var all []int
+		for _, pids := range backends {
+			p := pids()
+			if p == nil {
+				return nil
+			}
+			all = append(all, p...)
 		}
-		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		if err != nil {
-			return nil
-		}
-		return append([]int{}, pids...) // none yet is a reading too
+		return all
 	}
 
 	paths := []struct {
@@ -193,7 +181,7 @@ func BenchmarkJetStream(b *testing.B) {
 	for _, p := range paths {
 		rounds = append(rounds, &benchtest.Path{Name: p.name, Prepare: func(n int) func() { return p.prepare(p.dst, n) }})
 	}
-	meters := []benchtest.Meter{benchtest.Processes("self"), benchtest.Processes("nats-server"), benchtest.PIDs("postgres", backends)}
+	meters := []benchtest.Meter{benchtest.Processes("self"), benchtest.Processes("nats-server"), benchtest.PIDs("postgres", relayBackends)}
 	rate := benchtest.Rounds(b, 10000, meters, rounds...)
 
 	for _, p := range paths {

@@ -166,3 +166,38 @@ func (o *Outbox) Count(t testing.TB, table string) int {
 	}
 	return n
 }
+
+// TaggedPool returns a pool on URL() of at most maxConns connections (0: pgxpool's
+// default) whose sessions carry an application_name of their own, closed when t ends, and
+// a function returning the PIDs of their server backends at each call (nil when it cannot
+// tell): a benchmark reads their CPU time from /proc to tell what its own database work
+// costs from what other sessions on the server do.
+func TaggedPool(t testing.TB, maxConns int) (pool *pgxpool.Pool, backends func() []int) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := make([]byte, 6)
+	_, _ = rand.Read(tag)
+	app := "pgxtest_" + hex.EncodeToString(tag)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	if maxConns > 0 {
+		cfg.MaxConns = int32(maxConns)
+	}
+	if pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, func() []int {
+		rows, err := pool.Query(context.Background(), "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app)
+		if err != nil {
+			return nil
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return nil
+		}
+		return append([]int{}, pids...) // none yet is an answer too
+	}
+}
