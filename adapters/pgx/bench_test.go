@@ -223,8 +223,8 @@ func BenchmarkRelayDrain(b *testing.B) {
 
 // BenchmarkRelayDrainKeys: drain a backlog of 100k events whose ordering keys take 1, 10,
 // 100, 1,000 or 100k (all distinct) values, round-robin, with the default relay config and a
-// transport that accepts everything, and report each rate as a ratio to the keyless backlog
-// drained in the same run. A drain that has not finished after drainKeysCap is cut short and
+// transport that accepts everything, and report each rate as a ratio to a keyless backlog
+// drained just before it in the same run. A drain that has not finished after drainKeysCap is cut short and
 // rated on what it delivered. $TXOUTBOX_BENCH_KEYS (e.g. "keyless,1") picks some shapes.
 //
 //	go test -run '^$' -bench RelayDrainKeys -benchtime 1x ./adapters/pgx

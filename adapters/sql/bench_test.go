@@ -70,7 +70,7 @@ func BenchmarkProducer(b *testing.B) {
 // BenchmarkRelayDrainKeys is adapters/pgx's BenchmarkRelayDrainKeys on MySQL/MariaDB and
 // SQLite through database/sql: a 100k backlog with 1 to 100k distinct keys, drained by a
 // relay with the default config into a transport that accepts everything, each rate as a
-// ratio to the keyless one of the same run. A drain is cut short after a minute.
+// ratio to a keyless one drained just before it. A drain is cut short after a minute.
 //
 //	go test -run '^$' -bench RelayDrainKeys -benchtime 1x ./adapters/sql
 func BenchmarkRelayDrainKeys(b *testing.B) {
