@@ -44,8 +44,14 @@ RETURNS TABLE (seq bigint, id text, type text, key text, headers text, content_t
 LANGUAGE plpgsql
 -- JIT compiling these small, frequent queries costs far more than it saves, and so does
 -- planning them anew on every call (their best plans do not depend on the arguments).
+-- Every query here is an index range or probe whose cost is bounded by the batch and the
+-- number of keys; with no table statistics (a new deployment before autoanalyze, or
+-- autovacuum off) the planner would pick sequential scans and sorts of the whole backlog
+-- instead, so those are ruled out rather than left to statistics.
 SET jit = off
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
