@@ -97,7 +97,10 @@ func (a *app) relay(ctx context.Context, args []string) error {
 		return usageError{err}
 	}
 
+	// Healthy from before /healthz answers until Run returns: a probe that reads the address
+	// from the log must not see the relay as stopping before it started.
 	var running atomic.Bool
+	running.Store(true)
 	var srv *http.Server
 	if *listen != "" {
 		ln, err := net.Listen("tcp", *listen)
@@ -129,7 +132,6 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	}
 
 	log.Info("relay started", "outbox", s.names.Outbox, "database", s.shown, "transport", t.shown)
-	running.Store(true)
 	err = relay.Run(ctx)
 	running.Store(false)
 	if srv != nil {
