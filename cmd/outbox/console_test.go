@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/network"
+	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
 
@@ -106,6 +107,34 @@ func browse(t *testing.T) context.Context {
 	return ctx
 }
 
+// clickAndLoad clicks the element sel, which navigates (a link, a form's button), and waits
+// for the new page's load event: the next action must not run in the page being left, whose
+// execution context the navigation destroys under it.
+func clickAndLoad(sel string) chromedp.Action {
+	return chromedp.ActionFunc(func(ctx context.Context) error {
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		loaded := make(chan struct{}, 1)
+		chromedp.ListenTarget(lctx, func(ev any) {
+			if _, ok := ev.(*cdppage.EventLoadEventFired); ok {
+				select {
+				case loaded <- struct{}{}:
+				default:
+				}
+			}
+		})
+		if err := chromedp.Click(sel, chromedp.ByQuery).Do(ctx); err != nil {
+			return err
+		}
+		select {
+		case <-loaded:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the page %s leads to: %w", sel, ctx.Err())
+		}
+	})
+}
+
 // screenshot saves the page as artefacts/console-NAME.png.
 func screenshot(t *testing.T, ctx context.Context, name string) chromedp.Action {
 	return chromedp.ActionFunc(func(ctx context.Context) error {
@@ -169,7 +198,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	var location, firstType string
 	if err := chromedp.Run(ctx,
 		chromedp.SetValue(`input[name="consumer"]`, "mailer", chromedp.ByQuery),
-		chromedp.Click("#apply", chromedp.ByQuery),
+		clickAndLoad("#apply"),
 		chromedp.WaitVisible(`#entries`),
 		chromedp.Location(&location),
 		chromedp.Evaluate(`document.querySelectorAll("#entries tbody tr").length`, &rows),
@@ -185,7 +214,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	var payload, reason string
 	var scripts int
 	if err := chromedp.Run(ctx,
-		chromedp.Click(`#entries tbody tr a`, chromedp.ByQuery),
+		clickAndLoad(`#entries tbody tr a`),
 		chromedp.WaitVisible("#payload"),
 		chromedp.Text("#payload", &payload),
 		chromedp.Text("#reason", &reason),
@@ -203,7 +232,7 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	var flash, status string
 	if err := chromedp.Run(ctx,
-		chromedp.Click("#replay", chromedp.ByQuery),
+		clickAndLoad("#replay"),
 		chromedp.WaitVisible(".flash"),
 		chromedp.Text(".flash", &flash),
 		chromedp.Text("h1 .status", &status),
@@ -238,7 +267,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Navigate(fmt.Sprintf("%s/dead-letters/%d", base, ids["gave-up"])),
 		chromedp.WaitVisible("#discard"),
 		chromedp.Evaluate(`document.querySelectorAll('input[name="csrf"]').forEach(i => i.value = "forged")`, nil),
-		chromedp.Click("#discard", chromedp.ByQuery),
+		clickAndLoad("#discard"),
 		chromedp.WaitVisible(".error"),
 		chromedp.Text(".error", &refused),
 		screenshot(t, ctx, "csrf-refused"),
