@@ -149,6 +149,57 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		}
 	})
 
+	// Claims of keyless events need no order, so they may run at once (PostgreSQL's do,
+	// without the claims' lock): each row must still go to one claim only.
+	t.Run("ConcurrentKeylessClaimsNeverOverlap", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		if f.SingleRelay {
+			t.Skip("one relay at a time")
+		}
+		const n, claimers = 600, 4
+		events := make([]outbox.Encodable, n)
+		for i := range events {
+			events[i] = outbox.New(Note{N: i})
+		}
+		mustPublish(t, f, true, events...)
+		var (
+			mu    sync.Mutex
+			owner = map[int64]int64{} // seq → the token of the claim that took it
+			errs  []error
+			wg    sync.WaitGroup
+		)
+		for c := range claimers {
+			wg.Go(func() {
+				for round := int64(0); ; round++ {
+					token := int64(c+1)<<32 | round
+					got, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: fmt.Sprint("claimer-", c), Token: token, Limit: 25, Lease: time.Minute})
+					mu.Lock()
+					if err != nil {
+						errs = append(errs, err)
+					}
+					for _, g := range got {
+						if prev, dup := owner[g.Seq]; dup {
+							errs = append(errs, fmt.Errorf("row %d claimed by tokens %d and %d", g.Seq, prev, token))
+						}
+						owner[g.Seq] = token
+					}
+					mu.Unlock()
+					if err != nil || len(got) == 0 {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if len(owner) != n {
+			t.Fatalf("%d rows claimed, want %d", len(owner), n)
+		}
+	})
+
 	t.Run("UnencodablePayloadFailsPublish", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)

@@ -16,19 +16,22 @@ CREATE INDEX IF NOT EXISTS {{idx "keyless_seq_idx"}} ON {{.Outbox}} (seq) WHERE 
 -- in flight or waiting, with any number of relays, and a row whose transaction commits late
 -- (Watermill #311) is its key's head once it is visible: claimed then, never skipped.
 --
--- 1. Claims of one outbox are serialised by a transaction-scoped advisory lock, so each
+-- 1. An outbox with no keyed row at all (one probe of the keyed index) is a plain queue:
+--    the oldest free rows, FOR UPDATE SKIP LOCKED, without the lock below. Keyless rows
+--    have no order to keep, and this claim leases keyless rows only, so concurrent claims
+--    of a keyless outbox run in parallel, each skipping the rows the others hold.
+-- 2. Claims of keyed rows are serialised by a transaction-scoped advisory lock, so each
 --    sees every lease committed before it; write-backs that keep or move rows (Retry,
 --    Release, DeadLetter) hold it in shared mode, so no claim reads a run while a relay
 --    whose lease expired is rescheduling a row of it. A claim that finds the lock taken
 --    first looks without it (the first 2 × p_limit rows) and queues only if it sees a
 --    free keyless row or a free head there, or, past a full window, in step 4.
--- 2. An outbox with no keyed row at all (one probe of the keyed index) is a plain queue:
---    the oldest free rows, FOR UPDATE SKIP LOCKED.
 -- 3. The window: the first 2 × p_limit rows in seq order (one index range). Its free
 --    keyless rows and the runs of its keys, oldest first, the runs of the older half of
 --    its keys before the others, leaving those to a concurrent claim. Leased
---    FOR UPDATE SKIP LOCKED: under the lock only Complete can hold a row, and a row it
---    holds was delivered, so a later row of its key may go.
+--    FOR UPDATE SKIP LOCKED: under the lock a keyed row can be held only by Complete, and
+--    a row it holds was delivered, so a later row of its key may go (a keyless row may be
+--    held by a claim of step 1 as well).
 -- 4. A full window that did not fill the claim (every key there is in flight, few keys,
 --    or keyless rows in front): keyless rows beyond it come from their own index, and the
 --    heads of keys from a loose index scan over (key, seq), one descent per key, from a
@@ -65,7 +68,32 @@ DECLARE
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
 
-    -- 1. The lock. If another claim holds it, queue for it only if the window holds a free
+    -- 1. No keyed row in the outbox (one probe of the keyed index): keyless rows need no
+    --    order, so the claim is the plain SKIP LOCKED queue read, without the lock. (Steps
+    --    1, 3 and 4 each have their own lease statement: one statement with a branch per
+    --    case measured ~150 µs more per claim, the executor setting up every branch's plan
+    --    each time.) The rows are updated by their place in the heap (ctid), read and
+    --    locked in this statement: no second descent of the primary key per row.
+    v_keyed := EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key <> '');
+    IF NOT v_keyed THEN
+        RETURN QUERY
+        UPDATE {{.Outbox}} AS o
+           SET claim_token = p_token,
+               lease_owner = p_owner,
+               lease_until = now() + p_lease_ms * interval '1 millisecond',
+               attempts    = o.attempts + 1
+         WHERE o.ctid = ANY (ARRAY(
+                SELECT x.ctid FROM {{.Outbox}} AS x
+                 WHERE x.key = '' AND x.available_at <= now() AND (x.lease_until IS NULL OR x.lease_until <= now())
+                 ORDER BY x.seq
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED))
+        RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
+                  o.body, o.created_at, o.attempts;
+        RETURN;
+    END IF;
+
+    -- 2. The lock. If another claim holds it, queue for it only if the window holds a free
     --    keyless row or a free head (a row with no earlier row of its key).
     v_locked := pg_try_advisory_xact_lock({{.LockKey}});
     IF NOT v_locked THEN
@@ -78,35 +106,13 @@ BEGIN
         v_locked := true;
       END IF;
     END IF;
-    v_keyed := EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key <> '');
-
-    -- 2. No keyed row in the outbox (one probe of the keyed index): keyless rows need no
-    --    order, so the claim is the plain SKIP LOCKED queue read. (Steps 2, 3 and 4 each
-    --    have their own lease statement: one statement with a branch per case measured
-    --    ~150 µs more per claim, the executor setting up every branch's plan each time.)
-    IF v_locked AND NOT v_keyed THEN
-        RETURN QUERY
-        UPDATE {{.Outbox}} AS o
-           SET claim_token = p_token,
-               lease_owner = p_owner,
-               lease_until = now() + p_lease_ms * interval '1 millisecond',
-               attempts    = o.attempts + 1
-         WHERE o.seq = ANY (ARRAY(
-                SELECT x.seq FROM {{.Outbox}} AS x
-                 WHERE x.key = '' AND x.available_at <= now() AND (x.lease_until IS NULL OR x.lease_until <= now())
-                 ORDER BY x.seq
-                 LIMIT p_limit
-                   FOR UPDATE SKIP LOCKED))
-        RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
-                  o.body, o.created_at, o.attempts;
-        RETURN;
-    END IF;
 
     -- 3. The window: the first 2 × p_limit rows. Its free keyless rows and the runs of its
     --    keys (each key's rows from its first one, while they are free), oldest first, the
     --    older half of the keys before the other. Under the lock, only Complete can hold a
-    --    row (one it is deleting after delivery), so SKIP LOCKED never lets a row overtake
-    --    one of its key that is still to be sent.
+    --    keyed row (one it is deleting after delivery), so SKIP LOCKED never lets a row
+    --    overtake one of its key that is still to be sent. (A claim of step 1 that saw no
+    --    keyed row may hold keyless ones.)
     IF v_locked THEN
         RETURN QUERY
         WITH w AS MATERIALIZED (
