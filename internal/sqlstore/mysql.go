@@ -251,7 +251,7 @@ func mysqlClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]out
 		if err != nil {
 			return err
 		}
-		locked, err := ScanClaimed(textTimeRows{rows})
+		locked, err := ScanClaimed(textTimeRows{rows}, p.Limit)
 		if err != nil {
 			return err
 		}

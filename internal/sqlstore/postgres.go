@@ -119,17 +119,19 @@ func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Cla
 	if err != nil {
 		return nil, err
 	}
-	return ScanClaimed(rows)
+	return ScanClaimed(rows, p.Limit)
 }
 
 // ScanClaimed reads claimed rows (seq, id, type, key, headers, content_type, body,
 // created_at, attempts; created_at as a time or as text) and returns them in outbox order.
 // A row that cannot be read into a valid message does not fail the others: it comes back
 // with Claimed.Err naming the column and the problem, for the relay to dead-letter alone.
-func ScanClaimed(rows Rows) ([]outbox.Claimed, error) {
+// limit is how many rows there can be at most (the claim's): the result is sized for them
+// at once instead of growing, and copying its large elements, row by row.
+func ScanClaimed(rows Rows, limit int) ([]outbox.Claimed, error) {
 	defer rows.Close()
 	var (
-		out  []outbox.Claimed
+		out  = make([]outbox.Claimed, 0, min(max(limit, 0), 10000))
 		r    outboxRow
 		dest = r.dest() // one row and its targets for all: message copies what it keeps
 	)

@@ -154,7 +154,7 @@ RETURNING seq, id, type, "key", COALESCE(headers, ''), content_type, body, creat
 	if err != nil {
 		return nil, err
 	}
-	leased, err := ScanClaimed(textTimeRows{rows})
+	leased, err := ScanClaimed(textTimeRows{rows}, p.Limit)
 	if err != nil || onlyKeyless {
 		return leased, err
 	}
