@@ -286,6 +286,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// write-back: its sends crashed or hung the relay. Dead-letter it instead of looping.
 	// A row the store could not read is dead-lettered alone; the rest of the claim goes on.
 	var out outcome
+	defer out.telemetry.Wait()
 	sendable := claimed[:0] // filtered in place: claimed is not read again
 	for _, c := range claimed {
 		if c.Err != nil {
@@ -339,7 +340,8 @@ type outcome struct {
 	done, release []int64
 	retry         []Retry
 	dead          []DeadLetter
-	deadClaims    []Claimed // the claims of dead, in the same order
+	deadClaims    []Claimed      // the claims of dead, in the same order
+	telemetry     sync.WaitGroup // the sends' spans and metrics, recorded beside the write-back
 }
 
 func (o *outcome) deadLetter(c Claimed, kind, reason string) {
@@ -371,7 +373,7 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 			}
 			continue
 		}
-		failed := r.sendBatch(ctx, batch)
+		failed := r.sendBatch(ctx, batch, &out.telemetry)
 		for i, c := range batch {
 			err, bad := failed[i]
 			if !bad {
@@ -402,8 +404,9 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 	}
 }
 
-// sendBatch calls the Sender and returns the failed indexes of batch.
-func (r *Relay) sendBatch(ctx context.Context, batch []Claimed) map[int]error {
+// sendBatch calls the Sender and returns the failed indexes of batch. Its spans and metrics
+// may be finished later, by a goroutine of pending.
+func (r *Relay) sendBatch(ctx context.Context, batch []Claimed, pending *sync.WaitGroup) map[int]error {
 	msgs := make([]Message, len(batch))
 	for i, c := range batch {
 		msgs[i] = c.Message
@@ -427,7 +430,7 @@ func (r *Relay) sendBatch(ctx context.Context, batch []Claimed) map[int]error {
 			}
 		}
 	}
-	r.obs.sent(sctx, span, msgs, start, err, failed)
+	r.obs.sent(sctx, span, msgs, start, err, failed, pending)
 	return failed
 }
 

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -30,7 +31,7 @@ type relayTelemetry struct {
 	sentSets, durationSets, latencySets, deadSets *telemetry.Sets
 }
 
-var sendSpanKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+var sendSpanKind = trace.WithSpanKind(trace.SpanKindProducer)
 
 func (t *relayTelemetry) init(cfg *RelayConfig, sender Sender) {
 	t.cfg = cfg
@@ -89,12 +90,11 @@ func (t *relayTelemetry) claimed(ctx context.Context, n int) {
 }
 
 // startSend starts the producer span of one Send: "send <destination>" (or "send" when the
-// batch goes to several), linked to the spans that published its messages. Past
-// telemetry.MaxLinks distinct publishers the links go on child spans of the same name, so
-// the SDK's link limit never drops one.
+// batch goes to several). Its links come with sent.
 func (t *relayTelemetry) startSend(ctx context.Context, msgs []Message) (context.Context, *sendSpan) {
-	ctx, span := t.tracer.Start(ctx, "send", sendSpanKind...)
-	s := &sendSpan{Span: span}
+	start := time.Now()
+	ctx, span := t.tracer.Start(ctx, "send", sendSpanKind, trace.WithTimestamp(start))
+	s := &sendSpan{Span: span, ctx: ctx, start: start, name: "send"}
 	if !span.IsRecording() {
 		return ctx, s
 	}
@@ -107,80 +107,111 @@ func (t *relayTelemetry) startSend(ctx context.Context, msgs []Message) (context
 		}
 		dest = d
 	}
-	attrs := []attribute.KeyValue{
+	attrs := make([]attribute.KeyValue, 0, 7)
+	attrs = append(attrs,
 		semconv.MessagingOperationTypeSend,
 		semconv.MessagingOperationName("send"),
 		semconv.MessagingBatchMessageCount(len(msgs)),
-		telemetry.RelayKey.String(t.cfg.Name),
-	}
+		telemetry.RelayKey.String(t.cfg.Name))
 	if t.system != "" {
 		attrs = append(attrs, semconv.MessagingSystemKey.String(t.system))
 	}
 	if dest != "" {
-		span.SetName("send " + dest)
+		s.name = "send " + dest
+		span.SetName(s.name)
 		attrs = append(attrs, semconv.MessagingDestinationName(dest))
 	}
 	if len(msgs) == 1 {
 		attrs = append(attrs, semconv.MessagingMessageID(msgs[0].ID.String()))
 	}
 	span.SetAttributes(attrs...)
-	links := telemetry.Links(len(msgs), func(yield func(map[string]string) bool) {
+	s.attrs = attrs
+	return ctx, s
+}
+
+// sendSpan is a send's span, and the child spans that carry its links past MaxLinks.
+type sendSpan struct {
+	trace.Span
+	ctx   context.Context // the span's
+	start time.Time
+	name  string
+	attrs []attribute.KeyValue
+	parts []trace.Span
+}
+
+// link links the span to the spans that published msgs. Past telemetry.MaxLinks distinct
+// publishers the links go on child spans of the same name and times, so the SDK's link
+// limit never drops one.
+func (s *sendSpan) link(t *relayTelemetry, msgs []Message) {
+	cur, n := trace.Span(s.Span), 0
+	telemetry.EachLink(func(yield func(map[string]string) bool) {
 		for _, m := range msgs {
 			if !yield(m.Headers) {
 				return
 			}
 		}
-	})
-	for i, l := range links {
-		if i == telemetry.MaxLinks {
-			break
+	}, func(l trace.Link) {
+		if n == telemetry.MaxLinks {
+			_, cur = t.tracer.Start(s.ctx, s.name, sendSpanKind, trace.WithTimestamp(s.start),
+				trace.WithAttributes(s.attrs...))
+			s.parts = append(s.parts, cur)
+			n = 0
 		}
-		span.AddLink(l)
-	}
-	for rest := links[min(len(links), telemetry.MaxLinks):]; len(rest) > 0; {
-		n := min(len(rest), telemetry.MaxLinks)
-		_, part := t.tracer.Start(ctx, "send "+dest, trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithLinks(rest[:n]...), trace.WithAttributes(attrs...))
-		s.parts = append(s.parts, part)
-		rest = rest[n:]
-	}
-	return ctx, s
+		cur.AddLink(l)
+		n++
+	})
 }
 
-// sendSpan is a send's span and the child spans that carry the links past MaxLinks.
-type sendSpan struct {
-	trace.Span
-	parts []trace.Span
-}
-
-func (s *sendSpan) end(err error) {
+func (s *sendSpan) end(err error, at time.Time) {
 	for _, p := range append(s.parts, s.Span) {
 		if err != nil {
-			p.RecordError(err)
+			p.RecordError(err, trace.WithTimestamp(at))
 			p.SetStatus(codes.Error, err.Error())
 			p.SetAttributes(semconv.ErrorTypeKey.String(telemetry.ErrorType(err)))
 		}
-		p.End()
+		p.End(trace.WithTimestamp(at))
 	}
 }
 
-// sent ends the span of one Send and records its metrics: each message sent or failed, the
-// call's duration, and each delivered message's latency since its creation.
-func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Message, start time.Time, err error, failed map[int]error) {
-	span.end(err)
-	if !t.inst.Sent.Enabled(ctx) && !t.inst.SendDuration.Enabled(ctx) && !t.inst.Latency.Enabled(ctx) {
+// sent ends the span of one Send (started at start) and records its metrics: each message
+// sent or failed, the call's duration, and each delivered message's latency since its
+// creation. The work per message (the span's links, the latencies and the counts) is done
+// by a goroutine of pending, beside the relay's write-back of the batch instead of before
+// it; times are the send's, taken here.
+func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Message, start time.Time, err error,
+	failed map[int]error, pending *sync.WaitGroup) {
+	now := time.Now()
+	measure := t.inst.Sent.Enabled(ctx) || t.inst.SendDuration.Enabled(ctx) || t.inst.Latency.Enabled(ctx)
+	if !span.IsRecording() && !measure {
+		span.End() // with no SDK, nothing to do
 		return
 	}
-	now := time.Now()
+	ctx = context.WithoutCancel(ctx) // the send's, which ends when it returns
+	pending.Go(func() {
+		if span.IsRecording() {
+			span.link(t, msgs)
+		}
+		span.end(err, now)
+		if measure {
+			t.measure(ctx, msgs, now.Sub(start), now, err, failed)
+		}
+	})
+}
+
+// measure records the metrics of a send of msgs that lasted elapsed and ended at now.
+func (t *relayTelemetry) measure(ctx context.Context, msgs []Message, elapsed time.Duration, now time.Time, err error, failed map[int]error) {
 	dest, mixed := "", false
 	counts := make(map[telemetry.Key]int64, 4)
 	// Latencies are per message, and a message's trace is not the send span's: recorded
 	// without it, they take no exemplar of it. A batch is mostly one type to one
-	// destination: the options of the last key are reused.
+	// destination: messages are counted by runs of one key, and the options of the last
+	// key are reused.
 	lctx := context.Background()
 	var (
-		last    telemetry.Key
+		run     telemetry.Key
+		runLen  int64
 		lastRec []metric.RecordOption
+		lastKey telemetry.Key
 	)
 	for i, m := range msgs {
 		d := t.destination(m)
@@ -192,12 +223,20 @@ func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Messag
 		if e, bad := failed[i]; bad {
 			k.C = telemetry.ErrorType(e)
 		} else {
-			if lastRec == nil || k != last {
-				last, lastRec = k, t.latencySets.RecordOptions(k)
+			if lastRec == nil || k != lastKey {
+				lastKey, lastRec = k, t.latencySets.RecordOptions(k)
 			}
 			t.inst.Latency.Record(lctx, now.Sub(m.CreatedAt).Seconds(), lastRec...)
 		}
-		counts[k]++
+		if runLen > 0 && k != run {
+			counts[run] += runLen
+			runLen = 0
+		}
+		run = k
+		runLen++
+	}
+	if runLen > 0 {
+		counts[run] += runLen
 	}
 	for k, n := range counts {
 		t.sentSets.Add(ctx, t.inst.Sent.Int64Counter, n, k)
@@ -205,7 +244,7 @@ func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Messag
 	if mixed {
 		dest = ""
 	}
-	t.durationSets.Record(ctx, t.inst.SendDuration.Float64Histogram, now.Sub(start).Seconds(),
+	t.durationSets.Record(ctx, t.inst.SendDuration.Float64Histogram, elapsed.Seconds(),
 		telemetry.Key{B: dest, C: telemetry.ErrorType(err)})
 }
 

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -29,6 +30,7 @@ type consumerTelemetry struct {
 	failLog  telemetry.LogLimiter
 
 	durationSets, settledSets, deadSets *telemetry.Sets
+	lastName                            atomic.Pointer[spanName]
 }
 
 func (t *consumerTelemetry) init(cfg *Config, r outbox.Receiver) {
@@ -82,6 +84,20 @@ func (t *consumerTelemetry) destination(d outbox.Delivery, m outbox.Message) str
 
 var processKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 
+// spanName is a process span's name and the destination it names.
+type spanName struct{ dest, name string }
+
+// processName is "process <dest>", kept from the last delivery: a consumer mostly receives
+// from one destination, and the name is then not built again per delivery.
+func (t *consumerTelemetry) processName(dest string) string {
+	if n := t.lastName.Load(); n != nil && n.dest == dest {
+		return n.name
+	}
+	n := &spanName{dest: dest, name: "process " + dest}
+	t.lastName.Store(n)
+	return n.name
+}
+
 // startProcess continues the trace stored in m's headers (or links to it, with LinkTrace)
 // with the consumer span "process <destination>".
 func (t *consumerTelemetry) startProcess(ctx context.Context, m outbox.Message, dest string, attempt int) (context.Context, trace.Span) {
@@ -97,16 +113,23 @@ func (t *consumerTelemetry) startProcess(ctx context.Context, m outbox.Message, 
 		return ctx, span
 	}
 	if dest != "" {
-		span.SetName("process " + dest)
+		span.SetName(t.processName(dest))
 	}
-	attrs := []attribute.KeyValue{
+	n := 6
+	if t.system != "" {
+		n++
+	}
+	if dest != "" {
+		n++
+	}
+	attrs := make([]attribute.KeyValue, 0, n)
+	attrs = append(attrs,
 		semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"),
 		semconv.MessagingMessageID(m.ID.String()),
 		semconv.MessagingConsumerGroupName(t.cfg.Name),
 		semconv.CloudEventsEventType(m.Type),
-		attribute.Int("messaging.message.delivery_count", attempt),
-	}
+		attribute.Int("messaging.message.delivery_count", attempt))
 	if t.system != "" {
 		attrs = append(attrs, semconv.MessagingSystemKey.String(t.system))
 	}

@@ -12,7 +12,9 @@ import (
 	"context"
 	"errors"
 	"iter"
+	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -174,12 +176,14 @@ func NewInstruments(m metric.Meter) (*Instruments, error) {
 type Key struct{ A, B, C, D string }
 
 // Sets caches the measurement options of attribute sets, so that recording a measurement
-// allocates nothing once its set was seen. Past maxSets distinct sets it builds them per
+// allocates nothing once its set was seen. Lookups take no lock and write nothing shared
+// (every event of a busy pipeline makes one or two, from several goroutines): the map is
+// replaced, not changed, when a set is added. Past maxSets distinct sets it builds them per
 // call instead of growing.
 type Sets struct {
 	build func(Key) []attribute.KeyValue
-	mu    sync.RWMutex
-	m     map[Key]*setOptions
+	mu    sync.Mutex // serializes additions
+	m     atomic.Pointer[map[Key]*setOptions]
 }
 
 type setOptions struct {
@@ -191,23 +195,29 @@ const maxSets = 4096
 
 // NewSets returns a cache whose sets are built by build (a function of the key alone).
 func NewSets(build func(Key) []attribute.KeyValue) *Sets {
-	return &Sets{build: build, m: map[Key]*setOptions{}}
+	s := &Sets{build: build}
+	s.m.Store(&map[Key]*setOptions{})
+	return s
 }
 
 func (s *Sets) get(k Key) *setOptions {
-	s.mu.RLock()
-	o, ok := s.m[k]
-	s.mu.RUnlock()
-	if ok {
+	if o, ok := (*s.m.Load())[k]; ok {
 		return o
 	}
 	opt := metric.WithAttributeSet(attribute.NewSet(s.build(k)...))
-	o = &setOptions{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	o := &setOptions{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
 	s.mu.Lock()
-	if len(s.m) < maxSets {
-		s.m[k] = o
+	defer s.mu.Unlock()
+	old := *s.m.Load()
+	if prev, ok := old[k]; ok {
+		return prev
 	}
-	s.mu.Unlock()
+	if len(old) < maxSets {
+		m := make(map[Key]*setOptions, len(old)+1)
+		maps.Copy(m, old)
+		m[k] = o
+		s.m.Store(&m)
+	}
 	return o
 }
 
@@ -239,12 +249,16 @@ func ErrorType(err error) string {
 // dropped.
 const MaxLinks = 128
 
-// Links returns the distinct valid span contexts stored in the n headers (by Propagator), in
-// order.
-// A batch's events often share their publisher: each distinct traceparent is parsed once.
-func Links(n int, headers iter.Seq[map[string]string]) []trace.Link {
-	links := make([]trace.Link, 0, n)
-	seen := make(map[string]struct{}, n)
+// EachLink calls add with each distinct valid span context stored in headers (by
+// Propagator), in order. A batch's events often share their publisher: each distinct
+// traceparent is parsed once. It allocates nothing in the steady state: the relay reads
+// hundreds of headers per batch, and hands each link to the span straight away.
+func EachLink(headers iter.Seq[map[string]string], add func(trace.Link)) {
+	seen := seenPool.Get().(map[string]struct{})
+	defer func() {
+		clear(seen)
+		seenPool.Put(seen)
+	}()
 	for h := range headers {
 		tp, ok := h["traceparent"]
 		if !ok {
@@ -255,11 +269,13 @@ func Links(n int, headers iter.Seq[map[string]string]) []trace.Link {
 		}
 		seen[tp] = struct{}{}
 		if sc := parseTraceparent(tp, h); sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
+			add(trace.Link{SpanContext: sc})
 		}
 	}
-	return links
 }
+
+// seenPool holds EachLink's sets of the traceparents seen, emptied.
+var seenPool = sync.Pool{New: func() any { return map[string]struct{}{} }}
 
 // parseTraceparent reads a traceparent without the propagator's context machinery (the
 // relay reads hundreds per batch); forms other than version 00 go through Propagator.
