@@ -85,17 +85,19 @@ func DrainRelay(b *testing.B, store outbox.Store, n int, cfg *outbox.RelayConfig
 	stop()
 	<-done
 	if os.Getenv("TXOUTBOX_BENCH_DEBUG") != "" {
-		b.Logf("%d claims, %d empty; %v claiming, %v completing (all loops)", counted.Claims.Load(), counted.Empty.Load(),
-			time.Duration(counted.claimNS.Load()), time.Duration(counted.completeNS.Load()))
+		b.Logf("%d claims, %d empty, %d partial; %v claiming, %v completing (all loops), %v in all",
+			counted.Claims.Load(), counted.Empty.Load(), counted.Partial.Load(),
+			time.Duration(counted.claimNS.Load()), time.Duration(counted.completeNS.Load()), elapsed.Round(time.Millisecond))
 	}
 	return float64(min(sink.Sent(), int64(n))) / elapsed.Seconds()
 }
 
-// CountingStore counts the claims a relay makes, and the empty ones.
+// CountingStore counts the claims a relay makes, the empty ones, and the partial ones (fewer
+// rows than the limit, but some).
 type CountingStore struct {
 	outbox.Store
-	Claims, Empty       atomic.Int64
-	claimNS, completeNS atomic.Int64
+	Claims, Empty, Partial atomic.Int64
+	claimNS, completeNS    atomic.Int64
 }
 
 // Claim implements outbox.Store.
@@ -106,6 +108,8 @@ func (s *CountingStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outb
 	s.Claims.Add(1)
 	if len(c) == 0 {
 		s.Empty.Add(1)
+	} else if len(c) < p.Limit {
+		s.Partial.Add(1)
 	}
 	return c, err
 }
