@@ -30,7 +30,7 @@ CREATE INDEX IF NOT EXISTS {{idx "keyless_seq_idx"}} ON {{.Outbox}} (seq) WHERE 
 -- 3. The window: the first 2 × p_limit rows in seq order (one index range), or 4 × on a
 --    connection whose last claims found less than 3/4 of a claim in a full window (few
 --    keys: the runs of the keys a concurrent claim holds fill its front; set back to 2 ×
---    after 8 claims that the wide window filled). Its free keyless rows and the runs of its
+--    after 32 claims that the wide window filled). Its free keyless rows and the runs of its
 --    keys, oldest first, the runs of the older half of its keys before the others, leaving
 --    those to a concurrent claim. Leased FOR UPDATE SKIP LOCKED: under the lock a keyed row
 --    can be held only by Complete, and a row it holds was delivered, so a later row of its
@@ -109,16 +109,14 @@ BEGIN
     v_locked := pg_try_advisory_xact_lock({{.LockKey}});
     IF NOT v_locked THEN
       -- (An earlier row of a key in the window is in the window: the probe starts at the
-      -- window's first row, not at the deleted rows before it that vacuum has not removed.)
+      -- outbox's first row, not at the deleted rows before it that vacuum has not removed.)
       IF EXISTS (
-           WITH w AS MATERIALIZED (
-               SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
-                 FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window)
-           SELECT 1 FROM w
+           SELECT 1 FROM (SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
+                            FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
             WHERE w.free AND (w.key = '' OR NOT EXISTS (
                     SELECT 1 FROM {{.Outbox}} AS p
                      WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
-                       AND p.seq >= (SELECT min(f.seq) FROM w AS f)))) THEN
+                       AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1)))) THEN
         PERFORM pg_advisory_xact_lock({{.LockKey}});
         v_locked := true;
       END IF;
@@ -182,7 +180,7 @@ BEGIN
             RETURN;
         END IF;
         IF v_short THEN
-            PERFORM set_config(v_guc, '8', false);
+            PERFORM set_config(v_guc, '32', false);
         END IF;
 
         -- 4. A deep backlog that the window did not fill the claim from: its keys' heads are
