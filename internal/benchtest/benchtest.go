@@ -178,6 +178,12 @@ type Path struct {
 // includes whatever else runs) and that of each meter ("<path>-<meter>-µs/ev": only what
 // those processes did). It returns the rates by path name, for the benchmark's ratios.
 func Rounds(b *testing.B, round int, meters []Meter, paths ...*Path) map[string]float64 {
+	b.Helper()
+	if b.N < round {
+		// CPU is counted in clock ticks and a relay needs a few batches to reach its pace:
+		// a handful of events gives numbers, but not ones that mean anything.
+		b.Logf("b.N = %d events per path: too few to rate; run with -benchtime %dx or more", b.N, 5*round)
+	}
 	meters = append([]Meter{{Name: "cpu", Read: BusyJiffies}}, meters...)
 	read := func() []int64 {
 		out := make([]int64, len(meters))
