@@ -41,9 +41,7 @@ var commandModules = []string{base + "/cmd/outbox", base + "/adapters/sql", base
 // selects, and an outside module may select others (golang.org/x/text v0.41.0 where the
 // workspace has v0.43.0). The checksum database is off: the tagged modules are unknown to it.
 func TestInstallFromTags(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds a release and an outside module")
-	}
+	outboxtest.SkipIfShort(t, "builds a release and an outside module")
 	ctx := context.Background()
 	repo := strings.TrimSpace(run(t, "..", nil, "git", "rev-parse", "--show-toplevel"))
 	if out := run(t, repo, nil, "git", "status", "--porcelain"); out != "" {

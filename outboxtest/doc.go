@@ -21,3 +21,16 @@ func RequireService(t testing.TB, name string, err error) {
 	}
 	t.Skipf("%s is not reachable (start it with scripts/services/up.sh): %v", name, err)
 }
+
+// SkipIfShort skips a long test under go test -short, saying why; with the CI environment
+// variable set it fails instead, since CI must run every test.
+func SkipIfShort(t testing.TB, why string) {
+	t.Helper()
+	if !testing.Short() {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("-short would skip this test (%s), but CI is set: CI runs every test", why)
+	}
+	t.Skip(why)
+}

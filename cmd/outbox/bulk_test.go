@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/outboxtest"
 )
 
 // bulkEventID is the event ID of the n-th dead letter seedBulk writes.
@@ -73,9 +74,7 @@ func (s *countingSender) Send(_ context.Context, msgs []outbox.Message) error {
 // TestReplay10000: replaying 10,000 dead letters by filter draws a progress bar on a
 // terminal, ends with the count, and the relay then delivers each replayed event once.
 func TestReplay10000(t *testing.T) {
-	if testing.Short() {
-		t.Skip("10,000 transactions per database")
-	}
+	outboxtest.SkipIfShort(t, "10,000 transactions per database")
 	const n = 10000
 	forEachDialect(t, func(t *testing.T, tb *testDB) {
 		tb.migrate(t)
