@@ -130,10 +130,7 @@ func TestInstallFromTags(t *testing.T) {
 	// Run the README's programs (the snippets that are whole files; the others are parts of
 	// a program, with stand-ins for what the page does not show), each against a schema of
 	// its own.
-	url := os.Getenv("TXOUTBOX_PG_URL")
-	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
+	url := outboxtest.PostgresURL()
 	pool, err := pgxpool.New(ctx, url)
 	if err == nil {
 		err = pool.Ping(ctx)

@@ -199,6 +199,20 @@ func (s *store) describe() string {
 
 // checkSchema fails with a message that says what to do when the outbox's tables are not
 // those this version expects.
+// openMigrated opens the outbox the flags name, as open does, for a long-running command
+// (relay, serve) that must not start on tables this version does not expect.
+func (a *app) openMigrated(ctx context.Context, f dbFlags) (*store, error) {
+	s, err := a.open(ctx, f, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkSchema(ctx); err != nil {
+		s.Close()
+		return nil, a.stderr.hide(err)
+	}
+	return s, nil
+}
+
 func (s *store) checkSchema(ctx context.Context) error {
 	err := sqlstore.Validate(ctx, s.dialect, s.q, s.names)
 	if errors.Is(err, sqlstore.ErrSchema) {

@@ -57,14 +57,11 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	}
 	log := slog.New(handler)
 
-	s, err := a.open(ctx, f, false)
+	s, err := a.openMigrated(ctx, f)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	if err := s.checkSchema(ctx); err != nil {
-		return a.stderr.hide(err)
-	}
 	t, err := a.openTransport(ctx, *transportURL, routeMap, log)
 	if err != nil {
 		return err

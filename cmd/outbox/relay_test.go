@@ -276,10 +276,7 @@ func TestRelayStopsOnSIGTERM(t *testing.T) {
 
 // sqsBroker makes two queues on the SQS emulator (FIFO ones when fifo).
 func sqsBroker(t *testing.T, fifo bool) broker {
-	endpoint := os.Getenv("TXOUTBOX_SQS_ENDPOINT")
-	if endpoint == "" {
-		endpoint = "http://127.0.0.1:4566"
-	}
+	endpoint := outboxtest.SQSEndpoint()
 	client := sqs.New(sqs.Options{
 		Region: "us-east-1", BaseEndpoint: aws.String(endpoint),
 		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
@@ -345,13 +342,8 @@ func receiveAll(ctx context.Context, rs ...outbox.Receiver) ([]outbox.Message, e
 	return out, nil
 }
 
-const azuriteConn = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;"
-
 func azureBroker(t *testing.T) broker {
-	conn := os.Getenv("TXOUTBOX_AZURITE_CONN")
-	if conn == "" {
-		conn = azuriteConn
-	}
+	conn := outboxtest.AzuriteConnString()
 	client, err := azqueue.NewServiceClientFromConnectionString(conn, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -378,10 +370,7 @@ func azureBroker(t *testing.T) broker {
 }
 
 func natsBroker(t *testing.T) broker {
-	url := os.Getenv("TXOUTBOX_NATS_URL")
-	if url == "" {
-		url = "nats://127.0.0.1:4222"
-	}
+	url := outboxtest.NATSURL()
 	nc, err := nats.Connect(url)
 	outboxtest.RequireService(t, "NATS", err)
 	t.Cleanup(nc.Close)
@@ -439,10 +428,7 @@ func kafkaBroker(t *testing.T) broker {
 }
 
 func rabbitBroker(t *testing.T) broker {
-	url := os.Getenv("TXOUTBOX_AMQP_URL")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	url := outboxtest.AMQPURL()
 	conn, err := amqp.Dial(url)
 	outboxtest.RequireService(t, "RabbitMQ", err)
 	t.Cleanup(func() { conn.Close() })

@@ -56,14 +56,11 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() && !auth.enabled() {
 		return usagef("--listen %s is not a loopback address: set OUTBOX_CONSOLE_TOKEN (bearer) or OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD (basic auth) first", *listen)
 	}
-	s, err := a.open(ctx, f, false)
+	s, err := a.openMigrated(ctx, f)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	if err := s.checkSchema(ctx); err != nil {
-		return a.stderr.hide(err)
-	}
 	log := slog.New(slog.NewTextHandler(a.stderr, nil))
 	c, err := newConsole(a, s, *allow, auth, log)
 	if err != nil {

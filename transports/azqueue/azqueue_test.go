@@ -25,9 +25,6 @@ import (
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 )
 
-// azuriteConn is Azurite's well-known development account (public, not a secret).
-const azuriteConn = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;"
-
 // transport is shared by every client the tests make, so TestMain can close its idle
 // connections before checking for leaked goroutines.
 var transport = &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}
@@ -44,18 +41,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func connString() string {
-	if s := os.Getenv("TXOUTBOX_AZURITE_CONN"); s != "" {
-		return s
-	}
-	return azuriteConn
-}
-
 // serviceClient returns a client of the emulator, or skips (fails with CI set) when it is
 // not reachable.
 func serviceClient(t testing.TB) *azqueue.ServiceClient {
 	t.Helper()
-	client, err := azqueue.NewServiceClientFromConnectionString(connString(), &azqueue.ClientOptions{
+	client, err := azqueue.NewServiceClientFromConnectionString(outboxtest.AzuriteConnString(), &azqueue.ClientOptions{
 		ClientOptions: azcore.ClientOptions{
 			Transport: &http.Client{Transport: transport},
 			Retry:     policy.RetryOptions{MaxRetries: 2, RetryDelay: 50 * time.Millisecond},
@@ -488,7 +478,7 @@ func TestIdleBackoff(t *testing.T) {
 	client := serviceClient(t)
 	name := newQueue(t, client)
 	log := &requestLog{c: &http.Client{Transport: transport}}
-	q, err := azqueue.NewQueueClientFromConnectionString(connString(), name, &azqueue.ClientOptions{
+	q, err := azqueue.NewQueueClientFromConnectionString(outboxtest.AzuriteConnString(), name, &azqueue.ClientOptions{
 		ClientOptions: azcore.ClientOptions{Transport: log},
 	})
 	if err != nil {

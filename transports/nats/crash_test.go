@@ -79,7 +79,7 @@ func runChildConsumer() {
 	if err != nil {
 		fail(err)
 	}
-	nc, err := nats.Connect(natsURL())
+	nc, err := nats.Connect(outboxtest.NATSURL())
 	if err != nil {
 		fail(err)
 	}

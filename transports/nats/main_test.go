@@ -23,19 +23,12 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func natsURL() string {
-	if u := os.Getenv("TXOUTBOX_NATS_URL"); u != "" {
-		return u
-	}
-	return "nats://127.0.0.1:4222"
-}
-
 // connect opens a NATS connection with JetStream for the test, closed at its end.
 func connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(natsURL(), nats.Timeout(2*time.Second), nats.Name(t.Name()))
+	nc, err := nats.Connect(outboxtest.NATSURL(), nats.Timeout(2*time.Second), nats.Name(t.Name()))
 	if err != nil {
-		outboxtest.RequireService(t, "NATS at "+natsURL(), err)
+		outboxtest.RequireService(t, "NATS at "+outboxtest.NATSURL(), err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -45,7 +38,7 @@ func connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := js.AccountInfo(ctx); err != nil {
-		outboxtest.RequireService(t, "JetStream at "+natsURL(), err)
+		outboxtest.RequireService(t, "JetStream at "+outboxtest.NATSURL(), err)
 	}
 	return nc, js
 }

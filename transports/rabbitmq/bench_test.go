@@ -12,6 +12,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/internal/benchtest"
+	"github.com/txoutbox/outbox/outboxtest"
 	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
@@ -64,7 +65,7 @@ func BenchmarkRabbitMQ(b *testing.B) {
 		got.ContentType != want.ContentType || got.MessageId != want.MessageId || got.DeliveryMode != want.DeliveryMode {
 		b.Fatalf("the bare loop publishes %+v, the Sender %+v", want, got)
 	}
-	conn, err := amqp.Dial(amqpURL())
+	conn, err := amqp.Dial(outboxtest.AMQPURL())
 	if err != nil {
 		b.Fatal(err)
 	}

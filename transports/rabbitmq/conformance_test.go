@@ -19,7 +19,7 @@ import (
 //   - "small-limit": a sender MaxMessageBytes of 4 KiB, caught before sending;
 //   - "ordered": a single-active-consumer queue and an ordered receiver, which promise FIFO.
 func TestConformance(t *testing.T) {
-	admin(t, amqpURL()) // skip (or fail under CI) at once when the broker is down
+	admin(t, outboxtest.AMQPURL()) // skip (or fail under CI) at once when the broker is down
 	for _, v := range []struct {
 		name string
 		top  outboxamqp.Topology

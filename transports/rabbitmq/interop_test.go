@@ -58,7 +58,7 @@ func TestInteropJavaScriptReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got map[string]any
-	if err := json.Unmarshal(node(t, "read", amqpURL(), d.top.Queue), &got); err != nil {
+	if err := json.Unmarshal(node(t, "read", outboxtest.AMQPURL(), d.top.Queue), &got); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]any{
@@ -89,7 +89,7 @@ func TestInteropJavaScriptWrites(t *testing.T) {
 	t.Parallel()
 	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
 	id := uuid.Must(uuid.NewV7())
-	node(t, "write", amqpURL(), d.top.Exchange, "orders.placed", id.String())
+	node(t, "write", outboxtest.AMQPURL(), d.top.Exchange, "orders.placed", id.String())
 	dl := outboxtest.ReceiveN(t, d.receiver, 1, 10*time.Second)[0]
 	m, err := dl.Message()
 	if err != nil {

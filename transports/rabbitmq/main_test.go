@@ -3,7 +3,6 @@ package outboxamqp_test
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
 	"time"
 
@@ -15,16 +14,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// DefaultURL is the broker the tests use unless $TXOUTBOX_AMQP_URL names another.
-const defaultURL = "amqp://guest:guest@127.0.0.1:5672/"
-
-func amqpURL() string {
-	if u := os.Getenv("TXOUTBOX_AMQP_URL"); u != "" {
-		return u
-	}
-	return defaultURL
-}
 
 // admin opens a plain connection and channel for declaring and inspecting, closed at the
 // test's end; a broker that cannot be reached is outboxtest.RequireService's business.
@@ -64,7 +53,7 @@ type destination struct {
 
 func newDestination(t testing.TB, top outboxamqp.Topology, scfg outboxamqp.SenderConfig, rcfg outboxamqp.ReceiverConfig) *destination {
 	t.Helper()
-	return newDestinationAt(t, amqpURL(), top, scfg, rcfg)
+	return newDestinationAt(t, outboxtest.AMQPURL(), top, scfg, rcfg)
 }
 
 func newDestinationAt(t testing.TB, url string, top outboxamqp.Topology, scfg outboxamqp.SenderConfig, rcfg outboxamqp.ReceiverConfig) *destination {

@@ -163,8 +163,8 @@ func TestReceiverReconnects(t *testing.T) {
 // names the queue and the fix.
 func TestReceiverMissingQueue(t *testing.T) {
 	t.Parallel()
-	admin(t, amqpURL())
-	r, err := outboxamqp.NewReceiver(outboxamqp.Connection{URL: amqpURL()}, &outboxamqp.ReceiverConfig{Queue: "outboxtest.missing." + unique()})
+	admin(t, outboxtest.AMQPURL())
+	r, err := outboxamqp.NewReceiver(outboxamqp.Connection{URL: outboxtest.AMQPURL()}, &outboxamqp.ReceiverConfig{Queue: "outboxtest.missing." + unique()})
 	if err != nil {
 		t.Fatal(err)
 	}

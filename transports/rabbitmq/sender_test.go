@@ -27,7 +27,7 @@ func message(typ, key, body string) outbox.Message {
 // viaProxy returns the test broker's URL with its address replaced by p's.
 func viaProxy(t testing.TB, p *proxy) string {
 	t.Helper()
-	u, err := amqp.ParseURI(amqpURL())
+	u, err := amqp.ParseURI(outboxtest.AMQPURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func viaProxy(t testing.TB, p *proxy) string {
 
 func brokerAddr(t testing.TB) string {
 	t.Helper()
-	u, err := amqp.ParseURI(amqpURL())
+	u, err := amqp.ParseURI(outboxtest.AMQPURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,8 +137,8 @@ func TestSenderUnroutableFails(t *testing.T) {
 // batch with an error that names the exchange and the fix.
 func TestSenderMissingExchange(t *testing.T) {
 	t.Parallel()
-	admin(t, amqpURL())
-	s, err := outboxamqp.NewSender(outboxamqp.Connection{URL: amqpURL()}, &outboxamqp.SenderConfig{Exchange: "outboxtest.missing." + unique()})
+	admin(t, outboxtest.AMQPURL())
+	s, err := outboxamqp.NewSender(outboxamqp.Connection{URL: outboxtest.AMQPURL()}, &outboxamqp.SenderConfig{Exchange: "outboxtest.missing." + unique()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestSenderConfirmNeverCame(t *testing.T) {
 	t.Parallel()
 	p := newProxy(t, brokerAddr(t))
 	d := newDestinationAt(t, viaProxy(t, p), outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
-	direct := admin(t, amqpURL())
+	direct := admin(t, outboxtest.AMQPURL())
 	ctx := context.Background()
 	if err := d.sender.Send(ctx, []outbox.Message{message("a.b", "", `{"n":0}`)}); err != nil {
 		t.Fatal(err)

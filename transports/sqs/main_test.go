@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -39,19 +38,12 @@ func (c closeIdle) Run() int {
 	return code
 }
 
-func sqsEndpoint() string {
-	if v := os.Getenv("TXOUTBOX_SQS_ENDPOINT"); v != "" {
-		return v
-	}
-	return "http://127.0.0.1:4566"
-}
-
 // newClient returns an SQS client for the emulator with static test credentials, never the
 // user's AWS environment.
 func newClient() *sqs.Client {
 	return sqs.New(sqs.Options{
 		Region:       "us-east-1",
-		BaseEndpoint: aws.String(sqsEndpoint()),
+		BaseEndpoint: aws.String(outboxtest.SQSEndpoint()),
 		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
 			return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test", Source: "outboxsqs tests"}, nil
 		}),
@@ -67,7 +59,7 @@ func requireSQS(t testing.TB) *sqs.Client {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	_, err := c.ListQueues(ctx, &sqs.ListQueuesInput{MaxResults: aws.Int32(1)})
-	outboxtest.RequireService(t, "SQS emulator at "+sqsEndpoint(), err)
+	outboxtest.RequireService(t, "SQS emulator at "+outboxtest.SQSEndpoint(), err)
 	return c
 }
 

@@ -197,7 +197,7 @@ func TestSendHonoursContext(t *testing.T) {
 func TestSendToMissingQueue(t *testing.T) {
 	t.Parallel()
 	c := requireSQS(t)
-	url := sqsEndpoint() + "/000000000000/txo-does-not-exist-" + uuid.NewString()[:8]
+	url := outboxtest.SQSEndpoint() + "/000000000000/txo-does-not-exist-" + uuid.NewString()[:8]
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
 	err := s.Send(context.Background(), []outbox.Message{message("t", "", `{}`), message("t", "", `{}`)})
 	var be *outbox.BatchError

@@ -17,7 +17,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
 	"time"
 
@@ -30,16 +29,8 @@ import (
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
-// DefaultURL is the server the tests use unless $TXOUTBOX_PG_URL names another.
-const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
-// URL returns $TXOUTBOX_PG_URL, or DefaultURL.
-func URL() string {
-	if u := os.Getenv("TXOUTBOX_PG_URL"); u != "" {
-		return u
-	}
-	return DefaultURL
-}
+// URL returns $TXOUTBOX_PG_URL, or the local test database ([outboxtest.PostgresURL]).
+func URL() string { return outboxtest.PostgresURL() }
 
 // Outbox is an outbox in a schema of its own, with the pool it was created on.
 type Outbox struct {

@@ -9,7 +9,6 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -25,20 +24,10 @@ import (
 )
 
 // PostgresURL is TXOUTBOX_PG_URL or the local test database.
-func PostgresURL() string {
-	if u := os.Getenv("TXOUTBOX_PG_URL"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
+func PostgresURL() string { return outboxtest.PostgresURL() }
 
 // MySQLDSN is TXOUTBOX_MYSQL_DSN or the local test database (go-sql-driver/mysql form).
-func MySQLDSN() string {
-	if u := os.Getenv("TXOUTBOX_MYSQL_DSN"); u != "" {
-		return u
-	}
-	return "root@tcp(127.0.0.1:3306)/test?parseTime=true&multiStatements=true"
-}
+func MySQLDSN() string { return outboxtest.MySQLDSN() }
 
 // SQLiteDSN is a new database file in dir, in WAL mode with a busy timeout (the pragma syntax
 // of modernc.org/sqlite and its forks).

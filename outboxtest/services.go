@@ -1,0 +1,41 @@
+package outboxtest
+
+import "os"
+
+// Where the tests find each service: the environment variable when it is set, otherwise
+// the loopback address scripts/services/up.sh starts the service on. One place for every
+// module's tests, so that pointing the suite at other servers is one variable per service.
+
+// PostgresURL is $TXOUTBOX_PG_URL or the local test database.
+func PostgresURL() string {
+	return envOr("TXOUTBOX_PG_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+
+// MySQLDSN is $TXOUTBOX_MYSQL_DSN or the local test database (go-sql-driver/mysql form).
+func MySQLDSN() string {
+	return envOr("TXOUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true&multiStatements=true")
+}
+
+// NATSURL is $TXOUTBOX_NATS_URL or the local nats-server (JetStream enabled).
+func NATSURL() string { return envOr("TXOUTBOX_NATS_URL", "nats://127.0.0.1:4222") }
+
+// AMQPURL is $TXOUTBOX_AMQP_URL or the local RabbitMQ node.
+func AMQPURL() string { return envOr("TXOUTBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
+
+// SQSEndpoint is $TXOUTBOX_SQS_ENDPOINT or the local SQS emulator (fauxqs).
+func SQSEndpoint() string { return envOr("TXOUTBOX_SQS_ENDPOINT", "http://127.0.0.1:4566") }
+
+// AzuriteConnString is $TXOUTBOX_AZURITE_CONN or the local Azurite's queue service with
+// its well-known development account (public, documented by Microsoft: not a secret).
+func AzuriteConnString() string {
+	return envOr("TXOUTBOX_AZURITE_CONN", "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"+
+		"AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"+
+		"QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;")
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
