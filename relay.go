@@ -43,7 +43,9 @@ type RelayConfig struct {
 	RetryBackoff    time.Duration
 	MaxRetryBackoff time.Duration
 	// Concurrency is how many claim → send → write-back loops run at once. With 2, one
-	// loop's sends and write-backs overlap the other's claim. Default 2.
+	// loop's sends and write-backs overlap the other's claim; on PostgreSQL the loops'
+	// claims of keyed events run side by side too, each starting from its own share of the
+	// keys. Default 2.
 	Concurrency int
 	// Logger receives the relay's logs, with the event's id, type, key and attempt (never
 	// its payload); failures to be retried are rate-limited (10 lines per 10s, with the
@@ -180,15 +182,16 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 
 	var wg sync.WaitGroup
-	for range r.cfg.Concurrency {
-		wg.Go(func() { r.loop(ctx) })
+	for lane := range r.cfg.Concurrency {
+		wg.Go(func() { r.loop(ctx, lane) })
 	}
 	wg.Wait()
 	return nil
 }
 
-// loop is one claim → send → write-back loop of Run, polling adaptively.
-func (r *Relay) loop(ctx context.Context) {
+// loop is one claim → send → write-back loop of Run (its lane of ClaimParams), polling
+// adaptively.
+func (r *Relay) loop(ctx context.Context, lane int) {
 	interval := r.cfg.MinPollInterval
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -201,7 +204,7 @@ func (r *Relay) loop(ctx context.Context) {
 		}
 	}()
 	for ctx.Err() == nil {
-		n, err := r.RunOnce(ctx)
+		n, err := r.runOnce(ctx, lane)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			failures++
@@ -255,7 +258,10 @@ func (r *Relay) loop(ctx context.Context) {
 
 // RunOnce claims one batch, sends it and writes the outcome back. It returns how many
 // messages it claimed. Run calls it in a loop; tests and one-shot jobs may call it directly.
-func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+func (r *Relay) RunOnce(ctx context.Context) (int, error) { return r.runOnce(ctx, 0) }
+
+// runOnce is RunOnce as the loop of the given lane.
+func (r *Relay) runOnce(ctx context.Context, lane int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("outbox: claiming messages: %w", err)
 	}
@@ -273,6 +279,8 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		Token: token,
 		Limit: r.cfg.BatchSize,
 		Lease: r.cfg.Lease,
+		Lane:  lane,
+		Lanes: r.cfg.Concurrency,
 	})
 	cancel()
 	if err != nil {

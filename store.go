@@ -41,6 +41,12 @@ type ClaimParams struct {
 	Limit int
 	// Lease is how long the messages stay the claimer's before another relay may take them.
 	Lease time.Duration
+	// Lane is which of the relay's claim loops claims (0 to Lanes-1; RelayConfig.Concurrency
+	// loops). A store that serialises the claims of ordered messages may give each lane a
+	// share of the keys to claim from first, so that the loops' claims need not wait for
+	// each other (PostgreSQL's does); it must never make order depend on it. Zero Lanes
+	// is one lane.
+	Lane, Lanes int
 }
 
 // Claimed is a message leased by [Store.Claim].

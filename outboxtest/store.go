@@ -200,6 +200,108 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		}
 	})
 
+	// Claims of keyed events from many claimers at once, each the lane of a relay with 1, 2,
+	// 3 or 20 loops (PostgreSQL gives each lane a share of the keys of its own): no key is
+	// ever in two claims at once, and each claim of a key starts after the last row of the
+	// key that an earlier claim took.
+	t.Run("ConcurrentKeyedClaimsNeverShareAKey", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		if f.SingleRelay {
+			t.Skip("one relay at a time")
+		}
+		const keys, perKey = 24, 40
+		var events []outbox.Encodable
+		for i := range perKey {
+			for k := range keys {
+				events = append(events, outbox.New(Note{N: i}, outbox.WithKey(fmt.Sprintf("k-%d", k))))
+			}
+			if i%4 == 0 {
+				events = append(events, outbox.New(Note{N: i}))
+			}
+		}
+		mustPublish(t, f, true, events...)
+		lanes := []struct{ lane, lanes int }{{0, 1}, {0, 2}, {1, 2}, {0, 2}, {1, 2}, {2, 3}, {0, 0}, {17, 20}}
+		var (
+			mu       sync.Mutex
+			inFlight = map[string]int64{} // key → token of the claim holding it
+			last     = map[string]int64{} // key → highest seq claimed so far
+			done     int
+			errs     []error
+			wg       sync.WaitGroup
+		)
+		deadline := time.Now().Add(30 * time.Second)
+		for c, l := range lanes {
+			wg.Go(func() {
+				for round := int64(0); time.Now().Before(deadline); round++ {
+					mu.Lock()
+					finished := done == len(events) || len(errs) > 0
+					mu.Unlock()
+					if finished {
+						return
+					}
+					token := int64(c+1)<<32 | round
+					got, err := f.Store.Claim(ctx, outbox.ClaimParams{
+						Owner: fmt.Sprint("claimer-", c), Token: token, Limit: 20, Lease: time.Minute,
+						Lane: l.lane, Lanes: l.lanes,
+					})
+					if err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						return
+					}
+					mu.Lock()
+					for _, g := range got {
+						k := g.Message.Key
+						if k == "" {
+							continue
+						}
+						if other, ok := inFlight[k]; ok && other != token {
+							errs = append(errs, fmt.Errorf("key %s in claims %d and %d at once", k, other, token))
+						}
+						if g.Seq <= last[k] {
+							errs = append(errs, fmt.Errorf("claim %d took row %d of key %s after row %d", token, g.Seq, k, last[k]))
+						}
+						inFlight[k], last[k] = token, g.Seq
+					}
+					mu.Unlock()
+					if len(got) == 0 {
+						time.Sleep(time.Millisecond) // the other claimers hold the rest
+						continue
+					}
+					// Held while the others claim, then let go of (the keys first: a claim
+					// that sees the rows deleted may take the keys' next rows at once).
+					time.Sleep(time.Duration(round%3) * time.Millisecond)
+					seqs := make([]int64, len(got))
+					mu.Lock()
+					for i, g := range got {
+						seqs[i] = g.Seq
+						if inFlight[g.Message.Key] == token {
+							delete(inFlight, g.Message.Key)
+						}
+					}
+					done += len(got)
+					mu.Unlock()
+					if err := f.Store.Complete(ctx, token, seqs); err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if done != len(events) {
+			t.Fatalf("%d of %d events claimed within 30 s", done, len(events))
+		}
+		expectPending(t, f, 0)
+	})
+
 	t.Run("UnencodablePayloadFailsPublish", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)

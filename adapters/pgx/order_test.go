@@ -101,8 +101,8 @@ func TestLateCommitIsNeverSkipped(t *testing.T) {
 // it was sending; its send failed, and its Retry write-back of X is in flight (row locked,
 // not committed) just as relay B claims. B must not claim Y, the next event of k: once A's
 // Retry commits, X waits for its backoff, and Y would be sent before X. Write-backs that
-// reschedule or release rows share the claims' advisory lock, so B's claim waits for A's
-// write-back and then sees X waiting.
+// reschedule or release rows take the claims' advisory locks in shared mode, so B's claim
+// waits for A's write-back and then sees X waiting.
 func TestStaleWriteBackNeverLetsALaterEventOvertake(t *testing.T) {
 	o := newTestOutbox(t)
 	ctx := context.Background()

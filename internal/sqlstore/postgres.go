@@ -114,8 +114,8 @@ type pgStore struct {
 func (s *pgStore) Stats(ctx context.Context) (outbox.Stats, error) { return readStats(ctx, s.db, s.n) }
 
 func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
-	rows, err := s.db.Query(ctx, "SELECT * FROM "+s.n.ClaimFunc+"($1, $2, $3, $4)",
-		p.Owner, p.Token, p.Limit, p.Lease.Milliseconds())
+	rows, err := s.db.Query(ctx, "SELECT * FROM "+s.n.ClaimFunc+"($1, $2, $3, $4, $5, $6)",
+		p.Owner, p.Token, p.Limit, p.Lease.Milliseconds(), p.Lane, p.Lanes)
 	if err != nil {
 		return nil, err
 	}
@@ -203,15 +203,17 @@ UPDATE `+s.n.Outbox+`
 }
 
 // fence starts a write-back that leaves a row in the outbox (Retry, Release) or moves it out
-// on failure (DeadLetter) with the claims' advisory lock, in shared mode: write-backs do not
-// wait for each other, but a claim never runs while one is in flight. Otherwise a relay whose
-// lease expired could be rescheduling its row X while another relay claims: the claim skips
-// the locked X (or sees it change under its lock) and takes Y, the next event of X's key,
-// which would then overtake X. The uncorrelated EXISTS (SELECT FROM fence) is a one-time
-// filter, so the lock is taken before any row is read. Complete needs no fence: a row it
-// deletes was delivered, so a later event of its key may go.
+// on failure (DeadLetter) with the claims' advisory locks of all 16 key partitions, in shared
+// mode and in order: write-backs do not wait for each other, but no claim runs while one is
+// in flight. Otherwise a relay whose lease expired could be rescheduling its row X while
+// another relay claims: the claim skips the locked X (or sees it change under its lock) and
+// takes Y, the next event of X's key, which would then overtake X. The uncorrelated
+// EXISTS (SELECT FROM fence) is a one-time filter, so the locks are taken (count: all of
+// them) before any row is read. Complete needs no fence: a row it deletes was delivered, so
+// a later event of its key may go.
 func (s *pgStore) fence() string {
-	return "WITH fence AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(" + strconv.FormatInt(s.n.LockKey, 10) + "))"
+	return "WITH fence AS MATERIALIZED (SELECT count(pg_advisory_xact_lock_shared((" + strconv.FormatInt(s.n.LockKey, 10) +
+		")::bigint # p)) FROM generate_series(0, 15) AS p)"
 }
 
 // JoinSeqs renders seqs as "1,2,3": one text argument that every driver binds, where array

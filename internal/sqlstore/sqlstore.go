@@ -63,8 +63,9 @@ type Names struct {
 	Migrations   string
 	ClaimFunc    string // PostgreSQL: claim and complete functions
 	CompleteFunc string
+	ClaimLocks   string // PostgreSQL: the function taking the claims' locks of key partitions
 	ClaimLock    string // MySQL: the one-row table whose row lock serialises claims
-	LockKey      int64  // advisory lock key of this outbox (claims)
+	LockKey      int64  // advisory lock key of this outbox's claims (PostgreSQL: XOR a key partition 0-15)
 	MigrateKey   int64  // advisory lock key of this outbox's migrations
 }
 
@@ -101,6 +102,7 @@ func NewNames(d Dialect, t outbox.Tables) (*Names, error) {
 		Migrations:   qual(t.Outbox + "_migrations"),
 		ClaimFunc:    qual(t.Outbox + "_claim"),
 		CompleteFunc: qual(t.Outbox + "_complete"),
+		ClaimLocks:   qual(t.Outbox + "_claim_locks"),
 		ClaimLock:    qual(t.Outbox + "_claim_lock"),
 		LockKey:      lockKey(d.Name(), t.Schema, t.Outbox, "claim"),
 		MigrateKey:   lockKey(d.Name(), t.Schema, t.Outbox, "migrate"),

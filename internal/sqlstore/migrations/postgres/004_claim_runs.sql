@@ -17,37 +17,74 @@ CREATE INDEX IF NOT EXISTS {{idx "keyless_seq_idx"}} ON {{.Outbox}} (seq) WHERE 
 -- (Watermill #311) is its key's head once it is visible: claimed then, never skipped.
 --
 -- 1. An outbox with no keyed row at all (one probe of the keyed index) is a plain queue:
---    the oldest free rows, FOR UPDATE SKIP LOCKED, without the lock below. Keyless rows
+--    the oldest free rows, FOR UPDATE SKIP LOCKED, without the locks below. Keyless rows
 --    have no order to keep, and this claim leases keyless rows only, so concurrent claims
 --    of a keyless outbox run in parallel, each skipping the rows the others hold.
--- 2. Claims of keyed rows are serialised by a transaction-scoped advisory lock, so each
---    sees every lease committed before it; write-backs that keep or move rows (Retry,
---    Release, DeadLetter) hold it in shared mode, so no claim reads a run while a relay
---    whose lease expired is rescheduling a row of it. A claim that finds the lock taken
---    first looks without it (the window) and queues only if it sees a free keyless row or
---    a free head there, or, past a full window, in step 4; once the lock is its own, it
---    starts again from step 3 (what it saw is stale: the claim before it leased rows).
+-- 2. Claims of keyed rows are serialised per share of the keys: a key belongs to one of 16
+--    partitions (hashtext(key) & 15), and a claim leases rows of a key only while it holds
+--    that partition's transaction-scoped advisory lock, so it sees every lease of the key
+--    committed before it. Write-backs that keep or move rows (Retry, Release, DeadLetter)
+--    hold all 16 in shared mode, so no claim reads a run while a relay whose lease expired
+--    is rescheduling a row of it. Each of a relay's loops (p_lane of p_lanes) first tries
+--    the partitions of its own share (p % p_lanes = p_lane), then, if other claims hold all
+--    of those, any that no claim holds: the loops' claims run side by side instead of
+--    queueing behind one lock (one lock made keyed drains of many keys ~0.5 of keyless
+--    ones). Locks are only tried, never waited for, except by a claim that got none: it
+--    looks without them (the window) and queues for its share's first partition only if it
+--    sees a free keyless row or a free head there, or, past a full window, in step 4; once
+--    it holds it, it starts again from step 3 (what it saw is stale: the claims before it
+--    leased rows). Which partitions a claim holds changes which keys it may take, never
+--    the order within a key.
 -- 3. The window: the first 2 × p_limit rows in seq order (one index range), or 4 × on a
 --    connection whose last claims found less than 3/4 of a claim in a full window (few
 --    keys: the runs of the keys a concurrent claim holds fill its front; set back to 2 ×
 --    after 32 claims that the wide window filled). Its free keyless rows and the runs of its
---    keys, oldest first, the runs of the older half of its keys before the others, leaving
---    those to a concurrent claim. Leased FOR UPDATE SKIP LOCKED: under the lock a keyed row
---    can be held only by Complete, and a row it holds was delivered, so a later row of its
---    key may go (a keyless row may be held by a claim of step 1 as well). Rows are updated
---    by their place in the heap (ctid), read and locked in the same statement.
+--    keys of the partitions held, oldest first, the runs of the older half of those keys
+--    before the others, leaving those to a concurrent claim. Leased FOR UPDATE SKIP LOCKED:
+--    under its partition's lock a keyed row can be held only by Complete, and a row it
+--    holds was delivered, so a later row of its key may go (a keyless row may be held by
+--    any other claim). Rows are updated by their place in the heap (ctid), read and
+--    locked in the same statement.
 -- 4. A full window that did not fill the claim (every key there is in flight, few keys,
 --    or keyless rows in front): keyless rows beyond it come from their own index, and the
 --    heads of keys from a loose index scan over (key, seq), one descent per key, from a
 --    random key near the front, wrapping around, at most 4 × (p_limit - claimed) keys.
---    Each free head gives its run, read again under the lock; as in step 3 the runs of the
---    older half of the keys go first, (p_limit - claimed) / (keys / 2) deep, so a claim
---    that took a few rows of every key does not leave a concurrent claim none. A run that
---    the window cut short goes on beyond it.
+--    Each free head of a partition held gives its run, read again under the lock; as in
+--    step 3 the runs of the older half of the keys go first, (p_limit - claimed) /
+--    (keys / 2) deep, so a claim that took a few rows of every key does not leave a
+--    concurrent claim none. A run that the window cut short goes on beyond it.
+-- 5. Still not full (the share's keys are few or in flight): the partitions that no claim
+--    holds now are added, and steps 3 and 4 run again for their keys.
 --
 -- The relay's own commits may be lost on a crash without losing events (only re-sending
 -- them), so they skip the WAL flush.
-CREATE OR REPLACE FUNCTION {{.ClaimFunc}}(p_owner text, p_token bigint, p_limit integer, p_lease_ms bigint)
+
+-- Takes the claims' advisory locks of the key partitions in p_want (bit p: partition p),
+-- without waiting for any, and returns the set it holds; with p_first a partition (not -1),
+-- it waits for that one's lock first. The lock of partition p is the outbox's key XOR p.
+CREATE FUNCTION {{.ClaimLocks}}(p_want integer, p_first integer)
+RETURNS integer
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    v_held integer := 0;
+BEGIN
+    IF p_first >= 0 THEN
+        PERFORM pg_advisory_xact_lock(({{.LockKey}})::bigint # p_first);
+        v_held := 1 << p_first;
+    END IF;
+    SELECT v_held | coalesce(bit_or(1 << p), 0) INTO v_held
+      FROM generate_series(0, 15) AS p
+     -- CASE: the lock is tried only for the partitions wanted.
+     WHERE CASE WHEN p_want & (1 << p) <> 0 AND p <> p_first
+                THEN pg_try_advisory_xact_lock(({{.LockKey}})::bigint # p) ELSE false END;
+    RETURN v_held;
+END
+$fn$;
+
+DROP FUNCTION {{.ClaimFunc}}(text, bigint, integer, bigint);
+CREATE FUNCTION {{.ClaimFunc}}(p_owner text, p_token bigint, p_limit integer, p_lease_ms bigint,
+                               p_lane integer, p_lanes integer)
 RETURNS TABLE (seq bigint, id text, type text, key text, headers text, content_type text,
                body bytea, created_at timestamptz, attempts integer)
 LANGUAGE plpgsql
@@ -68,6 +105,13 @@ DECLARE
     v_guc     text := 'txoutbox.claim_window_' || translate(({{.LockKey}})::text, '-', 'n');
     v_wide    integer := coalesce(nullif(current_setting(v_guc, true), '')::integer, 0);
     v_window  integer := CASE WHEN v_wide > 0 THEN 4 ELSE 2 END * p_limit;
+    -- The partitions of keys (bit p: hashtext(key) & 15 = p) of this loop's share, and those
+    -- whose lock this claim holds.
+    v_share   integer := 0;
+    v_first   integer := CASE WHEN p_lanes > 1 THEN abs(p_lane) % least(p_lanes, 16) ELSE 0 END;
+    v_held    integer := 0;
+    v_all     integer;
+    v_more    integer;
     v_locked  boolean;
     v_keyed   boolean;
     v_n       integer := 0;
@@ -79,12 +123,15 @@ DECLARE
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
 
-    -- 1. No keyed row in the outbox (one probe of the keyed index): keyless rows need no
-    --    order, so the claim is the plain SKIP LOCKED queue read, without the lock. (Steps
-    --    1, 3 and 4 each have their own lease statement: one statement with a branch per
-    --    case measured ~150 µs more per claim, the executor setting up every branch's plan
-    --    each time.) The rows are updated by their place in the heap (ctid), read and
-    --    locked in this statement: no second descent of the primary key per row.
+    -- 1. No keyed row in the outbox (its first row is keyless and a probe of the keyed
+    --    index finds none): keyless rows need no order, so the claim is the plain SKIP
+    --    LOCKED queue read, without the locks. (Steps 1, 3 and 4 each have their own lease
+    --    statement: one statement with a branch per case measured ~150 µs more per claim,
+    --    the executor setting up every branch's plan each time.) The rows are updated by
+    --    their place in the heap (ctid), read and locked in this statement: no second
+    --    descent of the primary key per row. (The first row is looked at first because the
+    --    probe walks the index entries of delivered keys that vacuum has not removed yet: a
+    --    drain of many keys leaves thousands of them in front, ~0.3 ms a probe.)
     v_keyed := EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key <> '');
     IF NOT v_keyed THEN
         RETURN QUERY
@@ -104,9 +151,18 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 2. The lock. If another claim holds it, queue for it only if the window holds a free
-    --    keyless row or a free head (a row with no earlier row of its key).
-    v_locked := pg_try_advisory_xact_lock({{.LockKey}});
+    -- 2. The locks: this loop's share of the partitions (p % p_lanes = p_lane; all of them
+    --    for one lane), or, if other claims hold all of it, any partitions no claim holds.
+    --    If they hold every one, queue for the share's first only if the window holds a
+    --    free keyless row or a free head (a row with no earlier row of its key).
+    FOR v_p IN v_first..15 BY CASE WHEN p_lanes > 1 THEN least(p_lanes, 16) ELSE 1 END LOOP
+        v_share := v_share | (1 << v_p);
+    END LOOP;
+    v_held := {{.ClaimLocks}}(v_share, -1);
+    IF v_held = 0 THEN
+        v_held := {{.ClaimLocks}}(65535 & ~v_share, -1);
+    END IF;
+    v_locked := v_held <> 0;
     IF NOT v_locked THEN
       -- (An earlier row of a key in the window is in the window: the probe starts at the
       -- outbox's first row, not at the deleted rows before it that vacuum has not removed.)
@@ -117,17 +173,19 @@ BEGIN
                     SELECT 1 FROM {{.Outbox}} AS p
                      WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
                        AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1)))) THEN
-        PERFORM pg_advisory_xact_lock({{.LockKey}});
+        v_held := {{.ClaimLocks}}(v_share, v_first);
         v_locked := true;
       END IF;
     END IF;
+    v_all := v_held;
 
     -- 3. The window: the first 2 × p_limit rows. Its free keyless rows and the runs of its
     --    keys (each key's rows from its first one, while they are free), oldest first, the
     --    older half of the keys before the other. Under the lock, only Complete can hold a
     --    keyed row (one it is deleting after delivery), so SKIP LOCKED never lets a row
     --    overtake one of its key that is still to be sent. (A claim of step 1 that saw no
-    --    keyed row may hold keyless ones.)
+    --    keyed row may hold keyless ones, and so may a claim holding other partitions.)
+    --    v_held: the partitions of this pass (step 5 adds others); v_all: all held.
     LOOP
         IF v_locked THEN
             RETURN QUERY
@@ -145,13 +203,14 @@ BEGIN
             k AS (
                 SELECT w.key, min(w.seq) AS head,
                        coalesce(min(w.seq) FILTER (WHERE NOT w.free), 9223372036854775807) AS stop
-                  FROM w WHERE w.key <> '' GROUP BY w.key
+                  FROM w WHERE w.key <> '' AND v_held & (1 << (hashtext(w.key) & 15)) <> 0
+                 GROUP BY w.key
                 HAVING min(w.seq) < coalesce(min(w.seq) FILTER (WHERE NOT w.free), 9223372036854775807)),
             c AS (
                 SELECT w.ctid FROM w LEFT JOIN k ON k.key = w.key
                  WHERE CASE WHEN w.key = '' THEN w.free ELSE w.seq < k.stop END
                  ORDER BY w.key <> '' AND k.head > (SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY m.head) FROM k AS m), w.seq
-                 LIMIT p_limit)
+                 LIMIT p_limit - v_n)
             UPDATE {{.Outbox}} AS o
                SET claim_token = p_token,
                    lease_owner = p_owner,
@@ -167,7 +226,8 @@ BEGIN
                        FOR UPDATE SKIP LOCKED))
             RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
                       o.body, o.created_at, o.attempts;
-            GET DIAGNOSTICS v_n = ROW_COUNT;
+            GET DIAGNOSTICS v_more = ROW_COUNT;
+            v_n := v_n + v_more;
             IF v_n >= p_limit THEN
                 IF v_wide > 0 THEN
                     PERFORM set_config(v_guc, (v_wide - 1)::text, false);
@@ -176,110 +236,125 @@ BEGIN
             END IF;
             v_short := v_n < p_limit * 3 / 4;
         END IF;
-        IF NOT EXISTS (SELECT 1 FROM {{.Outbox}} AS o ORDER BY o.seq OFFSET v_window - 1 LIMIT 1) THEN
-            RETURN;
-        END IF;
-        IF v_short THEN
-            PERFORM set_config(v_guc, '32', false);
-        END IF;
+        -- Past the window only if it is full: otherwise the whole outbox is in it.
+        IF EXISTS (SELECT 1 FROM {{.Outbox}} AS o ORDER BY o.seq OFFSET v_window - 1 LIMIT 1) THEN
+            IF v_short THEN
+                PERFORM set_config(v_guc, '32', false);
+            END IF;
 
-        -- 4. A deep backlog that the window did not fill the claim from: its keys' heads are
-        --    in flight, or there are few keys, or keyless rows fill the window. The heads of
-        --    keys come from a loose index scan over (key, seq): one descent per key, from a
-        --    random key near the front, wrapping around, at most 4 × (p_limit - claimed)
-        --    keys; keyless rows beyond the window from their own index. Without the lock
-        --    (another claim holds it) this only decides whether to queue for it.
-        v_start := coalesce((SELECT o.key FROM {{.Outbox}} AS o WHERE o.key <> '' AND o.seq = ANY (ARRAY(
-                                SELECT x.seq FROM {{.Outbox}} AS x ORDER BY x.seq
-                                OFFSET floor(random() * v_window) LIMIT 1))), '');
-        WITH RECURSIVE
-        upper AS (
-            (SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
-               FROM {{.Outbox}} AS o
-              WHERE o.key >= v_start AND o.key <> ''
-              ORDER BY o.key, o.seq LIMIT 1)
-            UNION ALL
-            SELECT n.* FROM upper AS h CROSS JOIN LATERAL (
-                SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
-                  FROM {{.Outbox}} AS o
-                 WHERE o.key > h.key AND o.key <> ''
-                 ORDER BY o.key, o.seq LIMIT 1) AS n),
-        lower AS (
-            (SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
-               FROM {{.Outbox}} AS o
-              WHERE o.key < v_start AND o.key <> ''
-              ORDER BY o.key, o.seq LIMIT 1)
-            UNION ALL
-            SELECT n.* FROM lower AS h CROSS JOIN LATERAL (
-                SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
-                  FROM {{.Outbox}} AS o
-                 WHERE o.key > h.key AND o.key < v_start AND o.key <> ''
-                 ORDER BY o.key, o.seq LIMIT 1) AS n),
-        scanned AS (
-            SELECT * FROM ((SELECT * FROM upper LIMIT 4 * (p_limit - v_n))
-                           UNION ALL
-                           (SELECT * FROM lower LIMIT 4 * (p_limit - v_n))) AS s
-             LIMIT 4 * (p_limit - v_n)),
-        heads AS (
-            SELECT o.key, o.seq FROM scanned AS o
-             WHERE (o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) OR o.claim_token = p_token
-             ORDER BY o.seq LIMIT p_limit - v_n)
-        SELECT ARRAY(SELECT h.key FROM heads AS h ORDER BY h.seq),
-               ARRAY(SELECT h.seq FROM heads AS h ORDER BY h.seq)
-          INTO v_keys, v_heads;
-        EXIT WHEN v_locked;
-        IF cardinality(v_keys) = 0 AND NOT EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key = '' AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) THEN
+            -- 4. A deep backlog that the window did not fill the claim from: its keys' heads
+            --    are in flight, or there are few keys, or keyless rows fill the window. The
+            --    heads of keys come from a loose index scan over (key, seq): one descent per
+            --    key, from a random key near the front, wrapping around, at most
+            --    4 × (p_limit - claimed) keys; keyless rows beyond the window from their own
+            --    index. Without a lock (other claims hold them all) this only decides whether
+            --    to queue for one.
+            v_start := coalesce((SELECT o.key FROM {{.Outbox}} AS o WHERE o.key <> '' AND o.seq = ANY (ARRAY(
+                                    SELECT x.seq FROM {{.Outbox}} AS x ORDER BY x.seq
+                                    OFFSET floor(random() * v_window) LIMIT 1))), '');
+            WITH RECURSIVE
+            upper AS (
+                (SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
+                   FROM {{.Outbox}} AS o
+                  WHERE o.key >= v_start AND o.key <> ''
+                  ORDER BY o.key, o.seq LIMIT 1)
+                UNION ALL
+                SELECT n.* FROM upper AS h CROSS JOIN LATERAL (
+                    SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
+                      FROM {{.Outbox}} AS o
+                     WHERE o.key > h.key AND o.key <> ''
+                     ORDER BY o.key, o.seq LIMIT 1) AS n),
+            lower AS (
+                (SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
+                   FROM {{.Outbox}} AS o
+                  WHERE o.key < v_start AND o.key <> ''
+                  ORDER BY o.key, o.seq LIMIT 1)
+                UNION ALL
+                SELECT n.* FROM lower AS h CROSS JOIN LATERAL (
+                    SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
+                      FROM {{.Outbox}} AS o
+                     WHERE o.key > h.key AND o.key < v_start AND o.key <> ''
+                     ORDER BY o.key, o.seq LIMIT 1) AS n),
+            scanned AS (
+                SELECT * FROM ((SELECT * FROM upper LIMIT 4 * (p_limit - v_n))
+                               UNION ALL
+                               (SELECT * FROM lower LIMIT 4 * (p_limit - v_n))) AS s
+                 LIMIT 4 * (p_limit - v_n)),
+            heads AS (
+                SELECT o.key, o.seq FROM scanned AS o
+                 WHERE ((o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) OR o.claim_token = p_token)
+                   AND (NOT v_locked OR v_held & (1 << (hashtext(o.key) & 15)) <> 0)
+                 ORDER BY o.seq LIMIT p_limit - v_n)
+            SELECT ARRAY(SELECT h.key FROM heads AS h ORDER BY h.seq),
+                   ARRAY(SELECT h.seq FROM heads AS h ORDER BY h.seq)
+              INTO v_keys, v_heads;
+            IF NOT v_locked THEN
+                IF cardinality(v_keys) = 0 AND NOT EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key = '' AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) THEN
+                    RETURN;
+                END IF;
+                -- What the look saw is stale once the lock is ours (the claim that held it
+                -- leased rows meanwhile): start again from the window, under the lock.
+                v_held := {{.ClaimLocks}}(v_share, v_first);
+                v_all := v_held;
+                v_locked := true;
+                CONTINUE;
+            END IF;
+
+            -- Each key whose head is free gives its run from the head (read again, under the
+            -- lock); as in step 3, the runs of the older half of the keys go first, leaving
+            -- the others to a concurrent claim (a claim that took a few rows of every key
+            -- would leave it none), so runs are read (p_limit - claimed) / (keys / 2) deep.
+            -- Within each half, runs are merged with keyless rows in waves. This claim's own
+            -- leases from step 3 are visible here, and a run goes on after them (they are the
+            -- first rows of its key): a key whose run the window cut short continues beyond.
+            v_half := greatest((cardinality(v_keys) + 1) / 2, 1);
+            RETURN QUERY
+            WITH c AS (
+                (SELECT o.ctid, o.seq, false AS later, 1::bigint AS wave
+                   FROM {{.Outbox}} AS o
+                  WHERE o.key = '' AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())
+                  ORDER BY o.seq
+                  LIMIT p_limit - v_n)
+                UNION ALL
+                SELECT r.ctid, r.seq, k.rank > v_half, r.wave
+                  FROM unnest(v_keys, v_heads) WITH ORDINALITY AS k(key, head, rank)
+                 CROSS JOIN LATERAL (
+                    SELECT x.ctid, x.seq, x.wave FROM (
+                        SELECT o.ctid, o.seq, row_number() OVER (ORDER BY o.seq) AS wave,
+                               bool_and(o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) OVER (ORDER BY o.seq) AS run
+                          FROM (SELECT o.ctid, o.seq, o.available_at, o.lease_until
+                                  FROM {{.Outbox}} AS o
+                                 WHERE o.key = k.key AND o.key <> '' AND o.seq >= k.head
+                                   AND o.claim_token IS DISTINCT FROM p_token
+                                 ORDER BY o.seq
+                                 LIMIT (p_limit - v_n + v_half - 1) / v_half) AS o) AS x
+                     WHERE x.run) AS r
+                 ORDER BY later, wave, seq
+                 LIMIT p_limit - v_n)
+            UPDATE {{.Outbox}} AS o
+               SET claim_token = p_token,
+                   lease_owner = p_owner,
+                   lease_until = now() + p_lease_ms * interval '1 millisecond',
+                   attempts    = o.attempts + 1
+             -- By ctid, as in step 3.
+             WHERE o.ctid = ANY (ARRAY(
+                    SELECT x.ctid FROM {{.Outbox}} AS x
+                     WHERE x.ctid = ANY (ARRAY(SELECT c.ctid FROM c))
+                       AND x.available_at <= now() AND (x.lease_until IS NULL OR x.lease_until <= now())
+                       FOR UPDATE SKIP LOCKED))
+            RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
+                      o.body, o.created_at, o.attempts;
+            GET DIAGNOSTICS v_more = ROW_COUNT;
+            v_n := v_n + v_more;
+            EXIT WHEN v_n >= p_limit;
+        ELSIF NOT v_locked THEN
             RETURN;
         END IF;
-        -- What the look saw is stale once the lock is ours (the claim that held it leased
-        -- rows meanwhile): start again from the window, under the lock.
-        PERFORM pg_advisory_xact_lock({{.LockKey}});
-        v_locked := true;
+        -- 5. Not full: the keys of the partitions that no claim holds now, if any.
+        v_more := {{.ClaimLocks}}(65535 & ~v_all, -1);
+        EXIT WHEN v_more = 0;
+        v_held := v_more;
+        v_all := v_all | v_more;
     END LOOP;
-
-    -- Each key whose head is free gives its run from the head (read again, under the lock);
-    -- as in step 3, the runs of the older half of the keys go first, leaving the others to
-    -- a concurrent claim (a claim that took a few rows of every key would leave it none),
-    -- so runs are read (p_limit - claimed) / (keys / 2) deep. Within each half, runs are
-    -- merged with keyless rows in waves. This claim's own leases from step 3 are visible
-    -- here, and a run goes on after them (they are the first rows of its key): a key whose
-    -- run the window cut short continues beyond it.
-    v_half := greatest((cardinality(v_keys) + 1) / 2, 1);
-    RETURN QUERY
-    WITH c AS (
-        (SELECT o.ctid, o.seq, false AS later, 1::bigint AS wave
-           FROM {{.Outbox}} AS o
-          WHERE o.key = '' AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())
-          ORDER BY o.seq
-          LIMIT p_limit - v_n)
-        UNION ALL
-        SELECT r.ctid, r.seq, k.rank > v_half, r.wave
-          FROM unnest(v_keys, v_heads) WITH ORDINALITY AS k(key, head, rank)
-         CROSS JOIN LATERAL (
-            SELECT x.ctid, x.seq, x.wave FROM (
-                SELECT o.ctid, o.seq, row_number() OVER (ORDER BY o.seq) AS wave,
-                       bool_and(o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) OVER (ORDER BY o.seq) AS run
-                  FROM (SELECT o.ctid, o.seq, o.available_at, o.lease_until
-                          FROM {{.Outbox}} AS o
-                         WHERE o.key = k.key AND o.key <> '' AND o.seq >= k.head
-                           AND o.claim_token IS DISTINCT FROM p_token
-                         ORDER BY o.seq
-                         LIMIT (p_limit - v_n + v_half - 1) / v_half) AS o) AS x
-             WHERE x.run) AS r
-         ORDER BY later, wave, seq
-         LIMIT p_limit - v_n)
-    UPDATE {{.Outbox}} AS o
-       SET claim_token = p_token,
-           lease_owner = p_owner,
-           lease_until = now() + p_lease_ms * interval '1 millisecond',
-           attempts    = o.attempts + 1
-     -- By ctid, as in step 3.
-     WHERE o.ctid = ANY (ARRAY(
-            SELECT x.ctid FROM {{.Outbox}} AS x
-             WHERE x.ctid = ANY (ARRAY(SELECT c.ctid FROM c))
-               AND x.available_at <= now() AND (x.lease_until IS NULL OR x.lease_until <= now())
-               FOR UPDATE SKIP LOCKED))
-    RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
-              o.body, o.created_at, o.attempts;
 END
 $fn$;
