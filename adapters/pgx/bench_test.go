@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -329,14 +330,18 @@ func (s *latencySink) Send(_ context.Context, msgs []outbox.Message) error {
 // the claims the relay made and the CPU the PostgreSQL server spent per event: in the
 // relay's own backends, in the producer's, and in every server process (the last includes
 // whatever else the server is doing; all read from /proc, so only for a local server).
+// "keys=100" is the default config with events keyed by 100 keys (the claims of keyed
+// events take their partitions' locks).
 func BenchmarkLatency(b *testing.B) {
-	b.Run("defaults", func(b *testing.B) { benchLatency(b, nil) })
+	b.Run("defaults", func(b *testing.B) { benchLatency(b, nil, 0) })
 	b.Run("poll=10ms", func(b *testing.B) {
-		benchLatency(b, &outbox.RelayConfig{MinPollInterval: 10 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond})
+		benchLatency(b, &outbox.RelayConfig{MinPollInterval: 10 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond}, 0)
 	})
+	b.Run("keys=100", func(b *testing.B) { benchLatency(b, nil, 100) })
 }
 
-func benchLatency(b *testing.B, cfg *outbox.RelayConfig) {
+// benchLatency publishes 3,000 events at 1,000/s, keyed by keys keys (none for 0).
+func benchLatency(b *testing.B, cfg *outbox.RelayConfig, keys int) {
 	o := benchOutbox(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	producer, producerCPU := trackedPool(b)
@@ -364,9 +369,12 @@ func benchLatency(b *testing.B, cfg *outbox.RelayConfig) {
 	go func() { _ = relay.Run(ctx); close(done) }()
 	committed := map[uuid.UUID]time.Time{}
 	tick := time.NewTicker(time.Millisecond)
-	for range events {
+	for i := range events {
 		<-tick.C
 		e := outbox.New(order{1, 42})
+		if keys > 0 {
+			e = outbox.New(order{1, 42}, outbox.WithKey("customer-"+strconv.Itoa(i%keys)))
+		}
 		if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error { return o.Publish(ctx, tx, e) }); err != nil {
 			b.Fatal(err)
 		}

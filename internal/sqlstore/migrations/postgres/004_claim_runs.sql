@@ -105,12 +105,17 @@ DECLARE
     v_guc     text := 'txoutbox.claim_window_' || translate(({{.LockKey}})::text, '-', 'n');
     v_wide    integer := coalesce(nullif(current_setting(v_guc, true), '')::integer, 0);
     v_window  integer := CASE WHEN v_wide > 0 THEN 4 ELSE 2 END * p_limit;
+    -- Whether the last claim of this connection was full (a backlog): see step 2.
+    v_gucb    text := 'txoutbox.claim_backlog_' || translate(({{.LockKey}})::text, '-', 'n');
+    v_backlog boolean;
     -- The partitions of keys (bit p: hashtext(key) & 15 = p) of this loop's share, and those
     -- whose lock this claim holds.
     v_share   integer := 0;
-    v_first   integer := CASE WHEN p_lanes > 1 THEN abs(p_lane) % least(p_lanes, 16) ELSE 0 END;
+    v_first   integer;
     v_held    integer := 0;
     v_all     integer;
+    v_want    integer;
+    v_deep    boolean;
     v_more    integer;
     v_locked  boolean;
     v_keyed   boolean;
@@ -151,15 +156,19 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 2. The locks: this loop's share of the partitions (p % p_lanes = p_lane; all of them
-    --    for one lane), or, if other claims hold all of it, any partitions no claim holds.
-    --    If they hold every one, queue for the share's first only if the window holds a
-    --    free keyless row or a free head (a row with no earlier row of its key).
-    FOR v_p IN v_first..15 BY CASE WHEN p_lanes > 1 THEN least(p_lanes, 16) ELSE 1 END LOOP
+    -- 2. The locks: this loop's share of the partitions (p % p_lanes = p_lane), or, if
+    --    other claims hold all of it, any partitions no claim holds. If they hold every
+    --    one, queue for the share's first only if the window holds a free keyless row or a
+    --    free head (a row with no earlier row of its key). Shares matter in a backlog, when
+    --    every loop claims: after a claim that was not full (one loop polls, the others
+    --    wait for a backlog) the share is all 16, and the claim takes every key in one pass.
+    v_backlog := coalesce(current_setting(v_gucb, true) = '1', false);
+    v_first := CASE WHEN p_lanes > 1 AND v_backlog THEN abs(p_lane) % least(p_lanes, 16) ELSE 0 END;
+    FOR v_p IN v_first..15 BY CASE WHEN p_lanes > 1 AND v_backlog THEN least(p_lanes, 16) ELSE 1 END LOOP
         v_share := v_share | (1 << v_p);
     END LOOP;
     v_held := {{.ClaimLocks}}(v_share, -1);
-    IF v_held = 0 THEN
+    IF v_held = 0 AND v_share <> 65535 THEN
         v_held := {{.ClaimLocks}}(65535 & ~v_share, -1);
     END IF;
     v_locked := v_held <> 0;
@@ -232,12 +241,13 @@ BEGIN
                 IF v_wide > 0 THEN
                     PERFORM set_config(v_guc, (v_wide - 1)::text, false);
                 END IF;
-                RETURN;
+                EXIT;
             END IF;
             v_short := v_n < p_limit * 3 / 4;
         END IF;
         -- Past the window only if it is full: otherwise the whole outbox is in it.
-        IF EXISTS (SELECT 1 FROM {{.Outbox}} AS o ORDER BY o.seq OFFSET v_window - 1 LIMIT 1) THEN
+        v_deep := EXISTS (SELECT 1 FROM {{.Outbox}} AS o ORDER BY o.seq OFFSET v_window - 1 LIMIT 1);
+        IF v_deep THEN
             IF v_short THEN
                 PERFORM set_config(v_guc, '32', false);
             END IF;
@@ -350,11 +360,27 @@ BEGIN
         ELSIF NOT v_locked THEN
             RETURN;
         END IF;
-        -- 5. Not full: the keys of the partitions that no claim holds now, if any.
-        v_more := {{.ClaimLocks}}(65535 & ~v_all, -1);
+        -- 5. Not full: the keys of the partitions that no claim holds now, if any. Past a
+        --    full window, any of them may have some; otherwise only those of which the
+        --    window (the whole outbox) holds a free head, as a relay at low load finds.
+        v_want := 65535 & ~v_all;
+        IF NOT v_deep THEN
+            SELECT v_want & coalesce(bit_or(1 << (hashtext(w.key) & 15)), 0) INTO v_want
+              FROM (SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
+                      FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
+             WHERE w.free AND w.key <> '' AND NOT EXISTS (
+                    SELECT 1 FROM {{.Outbox}} AS p
+                     WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
+                       AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1));
+        END IF;
+        EXIT WHEN v_want = 0;
+        v_more := {{.ClaimLocks}}(v_want, -1);
         EXIT WHEN v_more = 0;
         v_held := v_more;
         v_all := v_all | v_more;
     END LOOP;
+    IF (v_n >= p_limit) <> v_backlog THEN
+        PERFORM set_config(v_gucb, CASE WHEN v_n >= p_limit THEN '1' ELSE '' END, false);
+    END IF;
 END
 $fn$;
