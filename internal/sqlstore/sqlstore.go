@@ -65,7 +65,7 @@ type Names struct {
 	CompleteFunc string
 	ClaimLocks   string // PostgreSQL: the function taking the claims' locks of key partitions
 	ClaimLock    string // MySQL: the one-row table whose row lock serialises claims
-	LockKey      int64  // advisory lock key of this outbox's claims (PostgreSQL: XOR a key partition 0-15)
+	LockKey      int64  // advisory lock key of this outbox's claims (PostgreSQL: of all keys; XOR 1-16, of a key partition)
 	MigrateKey   int64  // advisory lock key of this outbox's migrations
 }
 

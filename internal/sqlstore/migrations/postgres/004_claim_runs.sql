@@ -20,26 +20,31 @@ CREATE INDEX IF NOT EXISTS {{idx "keyless_seq_idx"}} ON {{.Outbox}} (seq) WHERE 
 --    the oldest free rows, FOR UPDATE SKIP LOCKED, without the locks below. Keyless rows
 --    have no order to keep, and this claim leases keyless rows only, so concurrent claims
 --    of a keyless outbox run in parallel, each skipping the rows the others hold.
--- 2. Claims of keyed rows are serialised per share of the keys: a key belongs to one of 16
---    partitions (hashtext(key) & 15), and a claim leases rows of a key only while it holds
---    that partition's transaction-scoped advisory lock, so it sees every lease of the key
---    committed before it. Write-backs that keep or move rows (Retry, Release, DeadLetter)
---    hold all 16 in shared mode, so no claim reads a run while a relay whose lease expired
---    is rescheduling a row of it. Each of a relay's loops (p_lane of p_lanes) first tries
---    the partitions of its own share (p % p_lanes = p_lane), then, if other claims hold all
---    of those, any that no claim holds: the loops' claims run side by side instead of
---    queueing behind one lock (one lock made keyed drains of many keys ~0.5 of keyless
---    ones). Locks are only tried, never waited for, except by a claim that got none: it
---    looks without them (the window) and queues for its share's first partition only if it
---    sees a free keyless row or a free head there, or, past a full window, in step 4; once
---    it holds it, it starts again from step 3 (what it saw is stale: the claims before it
---    leased rows). Which partitions a claim holds changes which keys it may take, never
---    the order within a key.
--- 3. The window: the first 2 × p_limit rows in seq order (one index range), or 4 × on a
---    connection whose last claims found less than 3/4 of a claim in a full window (few
---    keys: the runs of the keys a concurrent claim holds fill its front; set back to 2 ×
---    after 32 claims that the wide window filled). Its free keyless rows and the runs of its
---    keys of the partitions held, oldest first, the runs of the older half of those keys
+-- 2. Claims of keyed rows are serialised per key: a key belongs to one of 16 partitions
+--    (hashtext(key) & 15), and a claim leases rows of a key only while it holds that
+--    partition's transaction-scoped advisory lock, or the claims' lock of all keys
+--    exclusively, so it sees every lease of the key committed before it. At low load (the
+--    last claim of the connection was not full) or for a relay of one loop, a claim takes
+--    the lock of all keys alone: one lock, as cheap as a single lock. In a backlog, each of
+--    a relay's loops (p_lane of p_lanes) takes it in shared mode and then the partitions of
+--    its own share (p % p_lanes = p_lane), or, if other claims hold all of those, any that
+--    no claim holds: the loops' claims run side by side instead of queueing behind one
+--    lock (one lock made keyed drains of many keys ~0.5 of keyless ones). Write-backs that
+--    keep or move rows (Retry, Release, DeadLetter) take all 17 in shared mode, so no claim
+--    reads a run while a relay whose lease expired is rescheduling a row of it. Locks are
+--    only tried, never waited for, except by a claim that got none: it looks without them
+--    (the window) and queues only if it sees a free keyless row or a free head there, or,
+--    past a full window, in step 4; once it holds a lock, it starts again from step 3
+--    (what it saw is stale: the claims before it leased rows). Which partitions a claim
+--    holds changes which keys it may take, never the order within a key.
+-- 3. The window: the first 2 × p_limit rows in seq order (one index range) that are
+--    keyless or of a partition held, or 4 × on a connection whose last claims found less
+--    than 3/4 of a claim in a full window (few keys: the runs of the keys a concurrent claim
+--    holds fill its front; set back to 2 × after 32 claims that the wide window filled).
+--    Holding k of the 16 partitions, it reads at most min(16 / k, 4) times as many rows of
+--    the outbox: a share of the keys fills it as the whole did, and a share with few rows
+--    costs a bounded read, never the backlog. Its free keyless rows and the runs of its
+--    keys, oldest first, the runs of the older half of those keys
 --    before the others, leaving those to a concurrent claim. Leased FOR UPDATE SKIP LOCKED:
 --    under its partition's lock a keyed row can be held only by Complete, and a row it
 --    holds was delivered, so a later row of its key may go (a keyless row may be held by
@@ -61,7 +66,8 @@ CREATE INDEX IF NOT EXISTS {{idx "keyless_seq_idx"}} ON {{.Outbox}} (seq) WHERE 
 
 -- Takes the claims' advisory locks of the key partitions in p_want (bit p: partition p),
 -- without waiting for any, and returns the set it holds; with p_first a partition (not -1),
--- it waits for that one's lock first. The lock of partition p is the outbox's key XOR p.
+-- it waits for that one's lock first. The lock of partition p is the outbox's lock key XOR
+-- (p + 1); the key itself is the lock of all keys (step 2 of the claim).
 CREATE FUNCTION {{.ClaimLocks}}(p_want integer, p_first integer)
 RETURNS integer
 LANGUAGE plpgsql
@@ -70,14 +76,14 @@ DECLARE
     v_held integer := 0;
 BEGIN
     IF p_first >= 0 THEN
-        PERFORM pg_advisory_xact_lock(({{.LockKey}})::bigint # p_first);
+        PERFORM pg_advisory_xact_lock(({{.LockKey}})::bigint # (p_first + 1));
         v_held := 1 << p_first;
     END IF;
     SELECT v_held | coalesce(bit_or(1 << p), 0) INTO v_held
       FROM generate_series(0, 15) AS p
      -- CASE: the lock is tried only for the partitions wanted.
      WHERE CASE WHEN p_want & (1 << p) <> 0 AND p <> p_first
-                THEN pg_try_advisory_xact_lock(({{.LockKey}})::bigint # p) ELSE false END;
+                THEN pg_try_advisory_xact_lock(({{.LockKey}})::bigint # (p + 1)) ELSE false END;
     RETURN v_held;
 END
 $fn$;
@@ -111,13 +117,15 @@ DECLARE
     -- The partitions of keys (bit p: hashtext(key) & 15 = p) of this loop's share, and those
     -- whose lock this claim holds.
     v_share   integer := 0;
-    v_first   integer;
+    v_first   integer := 0;
     v_held    integer := 0;
+    v_shared  boolean := false;
+    v_queue   boolean := false;
     v_all     integer;
     v_want    integer;
     v_deep    boolean;
     v_more    integer;
-    v_locked  boolean;
+    v_locked  boolean := false;
     v_keyed   boolean;
     v_n       integer := 0;
     v_start   text;
@@ -156,35 +164,35 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 2. The locks: this loop's share of the partitions (p % p_lanes = p_lane), or, if
-    --    other claims hold all of it, any partitions no claim holds. If they hold every
-    --    one, queue for the share's first only if the window holds a free keyless row or a
-    --    free head (a row with no earlier row of its key). Shares matter in a backlog, when
-    --    every loop claims: after a claim that was not full (one loop polls, the others
-    --    wait for a backlog) the share is all 16, and the claim takes every key in one pass.
+    -- 2. The locks. The claims' lock (of all keys): a claim of one relay loop (p_lanes
+    --    1), or one made after a claim that was not full (at low load one loop polls, the
+    --    others wait for a backlog), takes it alone, exclusively, if no claim holds it:
+    --    one lock, one pass over the window for every key. Otherwise (a backlog, where
+    --    every loop claims, or the lock is taken) the claim takes it in shared mode, then
+    --    its loop's share of the partitions (p % p_lanes = p_lane), or, if other claims
+    --    hold all of that, any partitions no claim holds. If it got none, it queues (for
+    --    its share's first partition, or for the claims' lock if it could not share it)
+    --    only if the window holds a free keyless row or a free head (a row with no earlier
+    --    row of its key), or, past a full window, step 4 finds one.
     v_backlog := coalesce(current_setting(v_gucb, true) = '1', false);
-    v_first := CASE WHEN p_lanes > 1 AND v_backlog THEN abs(p_lane) % least(p_lanes, 16) ELSE 0 END;
-    FOR v_p IN v_first..15 BY CASE WHEN p_lanes > 1 AND v_backlog THEN least(p_lanes, 16) ELSE 1 END LOOP
-        v_share := v_share | (1 << v_p);
-    END LOOP;
-    v_held := {{.ClaimLocks}}(v_share, -1);
-    IF v_held = 0 AND v_share <> 65535 THEN
-        v_held := {{.ClaimLocks}}(65535 & ~v_share, -1);
+    IF p_lanes <= 1 OR NOT v_backlog THEN
+        v_locked := pg_try_advisory_xact_lock({{.LockKey}});
     END IF;
-    v_locked := v_held <> 0;
-    IF NOT v_locked THEN
-      -- (An earlier row of a key in the window is in the window: the probe starts at the
-      -- outbox's first row, not at the deleted rows before it that vacuum has not removed.)
-      IF EXISTS (
-           SELECT 1 FROM (SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
-                            FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
-            WHERE w.free AND (w.key = '' OR NOT EXISTS (
-                    SELECT 1 FROM {{.Outbox}} AS p
-                     WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
-                       AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1)))) THEN
-        v_held := {{.ClaimLocks}}(v_share, v_first);
-        v_locked := true;
-      END IF;
+    IF v_locked THEN
+        v_held := 65535;
+    ELSE
+        v_shared := pg_try_advisory_xact_lock_shared({{.LockKey}});
+        IF v_shared THEN
+            v_first := CASE WHEN p_lanes > 1 THEN abs(p_lane) % least(p_lanes, 16) ELSE 0 END;
+            FOR v_p IN v_first..15 BY greatest(least(p_lanes, 16), 1) LOOP
+                v_share := v_share | (1 << v_p);
+            END LOOP;
+            v_held := {{.ClaimLocks}}(v_share, -1);
+            IF v_held = 0 AND v_share <> 65535 THEN
+                v_held := {{.ClaimLocks}}(65535 & ~v_share, -1);
+            END IF;
+            v_locked := v_held <> 0;
+        END IF;
     END IF;
     v_all := v_held;
 
@@ -196,11 +204,28 @@ BEGIN
     --    keyed row may hold keyless ones, and so may a claim holding other partitions.)
     --    v_held: the partitions of this pass (step 5 adds others); v_all: all held.
     LOOP
+        IF v_queue THEN
+            -- What the look saw is stale once a lock is ours (the claim that held it leased
+            -- rows meanwhile): start again from the window, under the lock.
+            IF v_shared THEN
+                v_held := {{.ClaimLocks}}(v_share, v_first);
+            ELSE
+                PERFORM pg_advisory_xact_lock({{.LockKey}});
+                v_held := 65535;
+            END IF;
+            v_all := v_held;
+            v_locked := true;
+            v_queue := false;
+        END IF;
         IF v_locked THEN
             RETURN QUERY
             WITH w AS MATERIALIZED (
+                -- (The count of partitions held: the 1s of v_held.)
                 SELECT o.ctid, o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
-                  FROM {{.Outbox}} AS o
+                  FROM (SELECT o.ctid, o.seq, o.key, o.available_at, o.lease_until
+                          FROM {{.Outbox}} AS o ORDER BY o.seq
+                         LIMIT v_window * least(16 / greatest(length(replace(v_held::bit(16)::text, '0', '')), 1), 4)) AS o
+                 WHERE o.key = '' OR v_held & (1 << (hashtext(o.key) & 15)) <> 0
                  ORDER BY o.seq
                  LIMIT v_window),
             -- Each key of the window with a run: its first seq (head) and the seq of its first
@@ -244,6 +269,18 @@ BEGIN
                 EXIT;
             END IF;
             v_short := v_n < p_limit * 3 / 4;
+        ELSIF EXISTS (
+                -- (An earlier row of a key in the window is in the window: the probe starts
+                -- at the outbox's first row, not at the deleted rows before it that vacuum
+                -- has not removed.)
+                SELECT 1 FROM (SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
+                                 FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
+                 WHERE w.free AND (w.key = '' OR NOT EXISTS (
+                         SELECT 1 FROM {{.Outbox}} AS p
+                          WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
+                            AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1)))) THEN
+            v_queue := true;
+            CONTINUE;
         END IF;
         -- Past the window only if it is full: otherwise the whole outbox is in it.
         v_deep := EXISTS (SELECT 1 FROM {{.Outbox}} AS o ORDER BY o.seq OFFSET v_window - 1 LIMIT 1);
@@ -302,11 +339,7 @@ BEGIN
                 IF cardinality(v_keys) = 0 AND NOT EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key = '' AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) THEN
                     RETURN;
                 END IF;
-                -- What the look saw is stale once the lock is ours (the claim that held it
-                -- leased rows meanwhile): start again from the window, under the lock.
-                v_held := {{.ClaimLocks}}(v_share, v_first);
-                v_all := v_held;
-                v_locked := true;
+                v_queue := true;
                 CONTINUE;
             END IF;
 
@@ -364,7 +397,7 @@ BEGIN
         --    full window, any of them may have some; otherwise only those of which the
         --    window (the whole outbox) holds a free head, as a relay at low load finds.
         v_want := 65535 & ~v_all;
-        IF NOT v_deep THEN
+        IF v_want <> 0 AND NOT v_deep THEN
             SELECT v_want & coalesce(bit_or(1 << (hashtext(w.key) & 15)), 0) INTO v_want
               FROM (SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
                       FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
