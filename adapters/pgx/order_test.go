@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/benchtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
@@ -53,6 +54,40 @@ func TestTwoRelaysHundredKeysInOrder(t *testing.T) {
 	outboxtest.CheckPerKeyOrder(t, published, q.Sent())
 	if n, _ := o.fixture(t).Pending(ctx); n != 0 {
 		t.Fatalf("%d events left", n)
+	}
+}
+
+// TestKeylessBehindAKeyedBacklogDrains: a backlog of keyed events with keyless ones behind
+// it. The claims come back full, so a connection's claims skip the probe for keyed rows and
+// take the keyless ones by the keyed path until they probe again; nothing is lost, sent
+// twice or reordered, and the relay claims no more than the events need.
+func TestKeylessBehindAKeyedBacklogDrains(t *testing.T) {
+	o := newTestOutbox(t)
+	ctx := context.Background()
+	var published []outbox.Encodable
+	for i := range 1000 {
+		published = append(published, outbox.New(outboxtestNote{N: i}, outbox.WithKey(fmt.Sprintf("k-%d", i%10))))
+	}
+	for i := range 3000 {
+		published = append(published, outbox.New(outboxtestNote{N: i}))
+	}
+	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, published...) }); err != nil {
+		t.Fatal(err)
+	}
+	q := outboxmem.New(nil)
+	store := &benchtest.CountingStore{Store: o.store(t)}
+	cfg := &outbox.RelayConfig{Name: "mixed", BatchSize: 50, MaxPollInterval: 10 * time.Millisecond}
+	outboxtest.RunRelays(t, store, q, 1, cfg, func() bool { return len(q.Sent()) >= len(published) })
+	outboxtest.CheckPerKeyOrder(t, published, q.Sent())
+	if got := len(q.Sent()); got != len(published) {
+		t.Fatalf("%d sent, want %d", got, len(published))
+	}
+	if n, _ := o.fixture(t).Pending(ctx); n != 0 {
+		t.Fatalf("%d events left", n)
+	}
+	t.Logf("claims %d empty %d partial %d", store.Claims.Load(), store.Empty.Load(), store.Partial.Load())
+	if c := store.Claims.Load() - store.Empty.Load(); c > int64(len(published)/50+10) {
+		t.Fatalf("%d claims that took events, want about %d (full claims)", c, len(published)/50)
 	}
 }
 
