@@ -371,10 +371,11 @@ func benchLatency(b *testing.B, cfg *outbox.RelayConfig, keys int) {
 	tick := time.NewTicker(time.Millisecond)
 	for i := range events {
 		<-tick.C
-		e := outbox.New(order{1, 42})
+		var opts []outbox.Option
 		if keys > 0 {
-			e = outbox.New(order{1, 42}, outbox.WithKey("customer-"+strconv.Itoa(i%keys)))
+			opts = append(opts, outbox.WithKey("customer-"+strconv.Itoa(i%keys)))
 		}
+		e := outbox.New(order{1, 42}, opts...)
 		if err := pgx.BeginFunc(ctx, producer, func(tx pgx.Tx) error { return o.Publish(ctx, tx, e) }); err != nil {
 			b.Fatal(err)
 		}

@@ -203,17 +203,16 @@ UPDATE `+s.n.Outbox+`
 }
 
 // fence starts a write-back that leaves a row in the outbox (Retry, Release) or moves it out
-// on failure (DeadLetter) with the claims' advisory locks, in shared mode and in order: the
-// lock of all keys, then those of the 16 key partitions (see the claim function). Write-backs
-// do not wait for each other, but no claim runs while one is in flight. Otherwise a relay
-// whose lease expired could be rescheduling its row X while another relay claims: the claim
-// skips the locked X (or sees it change under its lock) and takes Y, the next event of X's
-// key, which would then overtake X. The uncorrelated EXISTS (SELECT FROM fence) is a
-// one-time filter, so the locks are taken (count: all of them) before any row is read.
-// Complete needs no fence: a row it deletes was delivered, so a later event of its key may go.
+// on failure (DeadLetter) with all the claims' advisory locks in shared mode (the function
+// of migration 004): write-backs do not wait for each other, but no claim runs while one is
+// in flight. Otherwise a relay whose lease expired could be rescheduling its row X while
+// another relay claims: the claim skips the locked X (or sees it change under its lock) and
+// takes Y, the next event of X's key, which would then overtake X. The uncorrelated
+// EXISTS (SELECT FROM fence) is a one-time filter, so the locks are taken before any row is
+// read. Complete needs no fence: a row it deletes was delivered, so a later event of its
+// key may go.
 func (s *pgStore) fence() string {
-	return "WITH fence AS MATERIALIZED (SELECT count(pg_advisory_xact_lock_shared((" + strconv.FormatInt(s.n.LockKey, 10) +
-		")::bigint # p)) FROM generate_series(0, 16) AS p)"
+	return "WITH fence AS MATERIALIZED (SELECT " + s.n.WriteBacks + "())"
 }
 
 // JoinSeqs renders seqs as "1,2,3": one text argument that every driver binds, where array

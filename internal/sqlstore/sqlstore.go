@@ -64,6 +64,7 @@ type Names struct {
 	ClaimFunc    string // PostgreSQL: claim and complete functions
 	CompleteFunc string
 	ClaimLocks   string // PostgreSQL: the function taking the claims' locks of key partitions
+	WriteBacks   string // PostgreSQL: the function taking every claims' lock for a write-back
 	ClaimLock    string // MySQL: the one-row table whose row lock serialises claims
 	LockKey      int64  // advisory lock key of this outbox's claims (PostgreSQL: of all keys; XOR 1-16, of a key partition)
 	MigrateKey   int64  // advisory lock key of this outbox's migrations
@@ -103,6 +104,7 @@ func NewNames(d Dialect, t outbox.Tables) (*Names, error) {
 		ClaimFunc:    qual(t.Outbox + "_claim"),
 		CompleteFunc: qual(t.Outbox + "_complete"),
 		ClaimLocks:   qual(t.Outbox + "_claim_locks"),
+		WriteBacks:   qual(t.Outbox + "_write_back_locks"),
 		ClaimLock:    qual(t.Outbox + "_claim_lock"),
 		LockKey:      lockKey(d.Name(), t.Schema, t.Outbox, "claim"),
 		MigrateKey:   lockKey(d.Name(), t.Schema, t.Outbox, "migrate"),

@@ -88,6 +88,18 @@ BEGIN
 END
 $fn$;
 
+-- Takes all the claims' locks in shared mode, in order, waiting for each: the lock of all
+-- keys, then those of the 16 partitions. Write-backs that keep or move rows (Retry, Release,
+-- DeadLetter) hold them, so that no claim runs beside one (step 2 of the claim).
+CREATE FUNCTION {{.WriteBacks}}()
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    PERFORM count(pg_advisory_xact_lock_shared(({{.LockKey}})::bigint # p)) FROM generate_series(0, 16) AS p;
+END
+$fn$;
+
 DROP FUNCTION {{.ClaimFunc}}(text, bigint, integer, bigint);
 CREATE FUNCTION {{.ClaimFunc}}(p_owner text, p_token bigint, p_limit integer, p_lease_ms bigint,
                                p_lane integer, p_lanes integer)
@@ -107,27 +119,29 @@ SET enable_bitmapscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
-    -- The window's width (step 3) adapts to the outbox: see there.
-    v_guc     text := 'txoutbox.claim_window_' || translate(({{.LockKey}})::text, '-', 'n');
+    -- Settings of this connection, named after the outbox. The window's width (step 3)
+    -- adapts to the outbox: see there.
+    v_outbox  text := translate(({{.LockKey}})::text, '-', 'n');
+    v_guc     text := 'txoutbox.claim_window_' || v_outbox;
     v_wide    integer := coalesce(nullif(current_setting(v_guc, true), '')::integer, 0);
     v_window  integer := CASE WHEN v_wide > 0 THEN 4 ELSE 2 END * p_limit;
     -- Whether the last claim of this connection was full (a backlog; see step 2), and how
     -- many more such claims may skip step 1's probe: 32 down to 1, or none.
-    v_gucb    text := 'txoutbox.claim_backlog_' || translate(({{.LockKey}})::text, '-', 'n');
+    v_gucb    text := 'txoutbox.claim_backlog_' || v_outbox;
     v_left    integer := coalesce(nullif(current_setting(v_gucb, true), '')::integer, 0);
     v_backlog boolean := v_left > 0;
     -- The partitions of keys (bit p: hashtext(key) & 15 = p) of this loop's share, and those
     -- whose lock this claim holds.
     v_share   integer := 0;
     v_first   integer := 0;
-    v_held    integer := 0;
+    v_held    integer := 0;  -- none: no lock yet
     v_shared  boolean := false;
     v_queue   boolean := false;
     v_all     integer;
     v_want    integer;
     v_deep    boolean;
+    v_free    integer := 0;
     v_more    integer;
-    v_locked  boolean := false;
     v_keyed   boolean;
     v_n       integer := 0;
     v_start   text;
@@ -179,11 +193,11 @@ BEGIN
     --    only if the window holds a free keyless row or a free head (a row with no earlier
     --    row of its key), or, past a full window, step 4 finds one.
     IF p_lanes <= 1 OR NOT v_backlog THEN
-        v_locked := pg_try_advisory_xact_lock({{.LockKey}});
+        IF pg_try_advisory_xact_lock({{.LockKey}}) THEN
+            v_held := 65535;
+        END IF;
     END IF;
-    IF v_locked THEN
-        v_held := 65535;
-    ELSE
+    IF v_held = 0 THEN
         v_shared := pg_try_advisory_xact_lock_shared({{.LockKey}});
         IF v_shared THEN
             v_first := CASE WHEN p_lanes > 1 THEN abs(p_lane) % least(p_lanes, 16) ELSE 0 END;
@@ -194,7 +208,6 @@ BEGIN
             IF v_held = 0 AND v_share <> 65535 THEN
                 v_held := {{.ClaimLocks}}(65535 & ~v_share, -1);
             END IF;
-            v_locked := v_held <> 0;
         END IF;
     END IF;
     v_all := v_held;
@@ -217,10 +230,9 @@ BEGIN
                 v_held := 65535;
             END IF;
             v_all := v_held;
-            v_locked := true;
             v_queue := false;
         END IF;
-        IF v_locked THEN
+        IF v_held <> 0 THEN
             RETURN QUERY
             WITH w AS MATERIALIZED (
                 -- (The count of partitions held: the 1s of v_held.)
@@ -272,21 +284,31 @@ BEGIN
                 EXIT;
             END IF;
             v_short := v_n < p_limit * 3 / 4;
-        ELSIF EXISTS (
-                -- (An earlier row of a key in the window is in the window: the probe starts
-                -- at the outbox's first row, not at the deleted rows before it that vacuum
-                -- has not removed.)
-                SELECT 1 FROM (SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
-                                 FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
-                 WHERE w.free AND (w.key = '' OR NOT EXISTS (
-                         SELECT 1 FROM {{.Outbox}} AS p
-                          WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
-                            AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1)))) THEN
-            v_queue := true;
-            CONTINUE;
         END IF;
         -- Past the window only if it is full: otherwise the whole outbox is in it.
         v_deep := EXISTS (SELECT 1 FROM {{.Outbox}} AS o ORDER BY o.seq OFFSET v_window - 1 LIMIT 1);
+        -- What the window holds free to take: bit p for a head (a row with no earlier row of
+        -- its key) of partition p, bit 16 for a keyless row. A claim without a lock queues
+        -- for one if there is any; one that the whole outbox, in the window, left short
+        -- looks for partitions to add (step 5). (An earlier row of a key in the window is in
+        -- the window: the probe starts at the outbox's first row, not at the deleted rows
+        -- before it that vacuum has not removed.)
+        IF v_held = 0 OR (NOT v_deep AND v_all <> 65535) THEN
+            -- (Without a lock the first find is enough.)
+            SELECT coalesce(bit_or(x.bit), 0) INTO v_free FROM (
+                SELECT CASE WHEN w.key = '' THEN 65536 ELSE 1 << (hashtext(w.key) & 15) END AS bit
+                  FROM (SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
+                          FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
+                 WHERE w.free AND (w.key = '' OR NOT EXISTS (
+                        SELECT 1 FROM {{.Outbox}} AS p
+                         WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
+                           AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1)))
+                 LIMIT CASE WHEN v_held = 0 THEN 1 ELSE v_window END) AS x;
+            IF v_held = 0 AND v_free <> 0 THEN
+                v_queue := true;
+                CONTINUE;
+            END IF;
+        END IF;
         IF v_deep THEN
             IF v_short THEN
                 PERFORM set_config(v_guc, '32', false);
@@ -333,12 +355,12 @@ BEGIN
             heads AS (
                 SELECT o.key, o.seq FROM scanned AS o
                  WHERE ((o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) OR o.claim_token = p_token)
-                   AND (NOT v_locked OR v_held & (1 << (hashtext(o.key) & 15)) <> 0)
+                   AND (v_held = 0 OR v_held & (1 << (hashtext(o.key) & 15)) <> 0)
                  ORDER BY o.seq LIMIT p_limit - v_n)
             SELECT ARRAY(SELECT h.key FROM heads AS h ORDER BY h.seq),
                    ARRAY(SELECT h.seq FROM heads AS h ORDER BY h.seq)
               INTO v_keys, v_heads;
-            IF NOT v_locked THEN
+            IF v_held = 0 THEN
                 IF cardinality(v_keys) = 0 AND NOT EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key = '' AND o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now())) THEN
                     RETURN;
                 END IF;
@@ -393,21 +415,15 @@ BEGIN
             GET DIAGNOSTICS v_more = ROW_COUNT;
             v_n := v_n + v_more;
             EXIT WHEN v_n >= p_limit;
-        ELSIF NOT v_locked THEN
+        ELSIF v_held = 0 THEN
             RETURN;
         END IF;
         -- 5. Not full: the keys of the partitions that no claim holds now, if any. Past a
         --    full window, any of them may have some; otherwise only those of which the
         --    window (the whole outbox) holds a free head, as a relay at low load finds.
         v_want := 65535 & ~v_all;
-        IF v_want <> 0 AND NOT v_deep THEN
-            SELECT v_want & coalesce(bit_or(1 << (hashtext(w.key) & 15)), 0) INTO v_want
-              FROM (SELECT o.seq, o.key, o.available_at <= now() AND (o.lease_until IS NULL OR o.lease_until <= now()) AS free
-                      FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
-             WHERE w.free AND w.key <> '' AND NOT EXISTS (
-                    SELECT 1 FROM {{.Outbox}} AS p
-                     WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
-                       AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1));
+        IF NOT v_deep THEN
+            v_want := v_want & v_free;
         END IF;
         EXIT WHEN v_want = 0;
         v_more := {{.ClaimLocks}}(v_want, -1);
