@@ -1,8 +1,13 @@
 package outbox
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,9 +29,76 @@ var (
 	ErrInvalidEvent = errors.New("outbox: invalid event")
 	// ErrSchema is wrapped by the adapters' Validate when an outbox's tables are not those
 	// this version expects: a migration not applied, one unknown to it (a newer release
-	// migrated the database), or a column missing. The error names every problem.
-	ErrSchema = errors.New("outbox: the schema is not current")
+	// migrated the database), or a column missing. The error names every problem. Publish,
+	// the relay's store, the inbox and the dead-letter table wrap it too when a table or
+	// function they use does not exist: run Migrate (or `outbox migrate`) first.
+	ErrSchema = errors.New("outbox: the schema is not migrated to this version (run Migrate or `outbox migrate`)")
+	// ErrUnavailable is wrapped by the errors of [Unavailable]: a broker or a database that
+	// could not be reached or refused service for reasons of its own.
+	ErrUnavailable = errors.New("outbox: unavailable")
 )
+
+// unavailableError marks an error as the fault of a broker, a database or the connection
+// to it, not of the message being sent or handled.
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string   { return e.err.Error() }
+func (e *unavailableError) Unwrap() []error { return []error{ErrUnavailable, e.err} }
+
+// Unavailable marks err as the fault of the broker or the database, or of the connection to
+// it (refused, reset, DNS, TLS, authentication, throttling, a 5xx answer, a stream or queue
+// that does not exist yet, no answer in time), not of the message. The relay then pauses as
+// a whole — every loop backs off and probes until a send succeeds — and spends no message's
+// attempts; the consumer retries the delivery without counting it toward a dead letter.
+// Transports mark their SDKs' errors with it; so may a [Sender] of your own, and a handler
+// whose own downstream is down. Unavailable(nil) is nil.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unavailableError{err: err}
+}
+
+// IsUnavailable reports whether err was marked with [Unavailable], or is a failure to reach
+// a server at all: a network error ([net.Error]: refused, reset, unreachable, a DNS failure,
+// an I/O timeout) or a TLS certificate that does not verify. An error that is both
+// [Permanent] and unavailable is permanent.
+func IsUnavailable(err error) bool {
+	if err == nil || IsPermanent(err) {
+		return false
+	}
+	if errors.Is(err, ErrUnavailable) {
+		return true
+	}
+	var (
+		netErr   net.Error
+		certErr  *tls.CertificateVerificationError
+		authErr  x509.UnknownAuthorityError
+		hostErr  x509.HostnameError
+		recordEr tls.RecordHeaderError
+	)
+	switch {
+	case errors.As(err, &netErr), errors.As(err, &certErr), errors.As(err, &authErr),
+		errors.As(err, &hostErr), errors.As(err, &recordEr):
+		return true
+	}
+	for _, errno := range connErrnos {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
+}
+
+// connErrnos are the system errors of a connection that failed or broke.
+var connErrnos = []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED,
+	syscall.EPIPE, syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ENETDOWN}
+
+// sendTimedOut reports whether err is ctx's deadline: a send that the broker did not answer
+// within its SendTimeout.
+func sendTimedOut(ctx context.Context, err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) && errors.Is(ctx.Err(), context.DeadlineExceeded)
+}
 
 // EncodeError reports a payload its codec could not encode.
 type EncodeError struct {

@@ -42,6 +42,24 @@ type RelayConfig struct {
 	// jitter, up to MaxRetryBackoff. Defaults 1s and 5m.
 	RetryBackoff    time.Duration
 	MaxRetryBackoff time.Duration
+	// MaxRetryTime, when set, ends the retries of a message that keeps failing on its own:
+	// a failure more than MaxRetryTime after its first one (Claimed.FirstFailedAt, by the
+	// database's clock) dead-letters it even with attempts left. Either budget, MaxAttempts
+	// or MaxRetryTime, ends the retries. Only failures that the transport attributes to the
+	// message count: while the broker is unavailable nothing is attempted, so an outage of
+	// any length dead-letters nothing, but its time does count toward MaxRetryTime of a
+	// message that had failed before it and fails again after it. Default 0: attempts only.
+	MaxRetryTime time.Duration
+	// UnavailableBackoff is how long the relay pauses once the broker or the database is
+	// unavailable (see [IsUnavailable]; for the database, any failed claim or write-back).
+	// Each pause ends in a probe — one claim of one message, sent — and each failed probe
+	// doubles the pause, with jitter, up to MaxUnavailableBackoff; the first probe that
+	// succeeds resumes every loop. Defaults 100ms and 10s.
+	UnavailableBackoff    time.Duration
+	MaxUnavailableBackoff time.Duration
+	// KeyPolicy says what a dead letter does to the later events of its key: HoldKey (the
+	// default) makes them wait until it is replayed or discarded; SkipKey lets them go on.
+	KeyPolicy KeyPolicy
 	// Concurrency is how many claim → send → write-back loops run at once. With 2, one
 	// loop's sends and write-backs overlap the other's claim; on PostgreSQL the loops'
 	// claims of keyed events run side by side too, each starting from its own share of the
@@ -60,6 +78,10 @@ type RelayConfig struct {
 	// dead-letter table, after the move committed: to page someone without polling the
 	// table. See [DeadLettered].
 	OnDeadLetter func(ctx context.Context, d DeadLettered)
+	// OnStateChange, when set, is called each time the broker or the database becomes
+	// unavailable or available again, with the new state (see [Relay.State]): to page
+	// someone. It runs on a relay loop's goroutine, so it must return quickly.
+	OnStateChange func(ctx context.Context, s RelayState)
 }
 
 // WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
@@ -80,6 +102,8 @@ func (c *RelayConfig) WithDefaults() *RelayConfig {
 	setDefault(&out.MaxPollInterval, 100*time.Millisecond)
 	setDefault(&out.RetryBackoff, time.Second)
 	setDefault(&out.MaxRetryBackoff, 5*time.Minute)
+	setDefault(&out.UnavailableBackoff, 100*time.Millisecond)
+	setDefault(&out.MaxUnavailableBackoff, 10*time.Second)
 	setDefault(&out.Concurrency, 2)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -114,6 +138,15 @@ func (c *RelayConfig) validate() error {
 	if c.RetryBackoff <= 0 || c.MaxRetryBackoff < c.RetryBackoff {
 		errs = append(errs, fmt.Errorf("backoffs must satisfy 0 < RetryBackoff (%v) <= MaxRetryBackoff (%v)", c.RetryBackoff, c.MaxRetryBackoff))
 	}
+	if c.MaxRetryTime < 0 {
+		errs = append(errs, fmt.Errorf("MaxRetryTime %v is negative", c.MaxRetryTime))
+	}
+	if c.UnavailableBackoff <= 0 || c.MaxUnavailableBackoff < c.UnavailableBackoff {
+		errs = append(errs, fmt.Errorf("backoffs must satisfy 0 < UnavailableBackoff (%v) <= MaxUnavailableBackoff (%v)", c.UnavailableBackoff, c.MaxUnavailableBackoff))
+	}
+	if c.KeyPolicy != HoldKey && c.KeyPolicy != SkipKey {
+		errs = append(errs, fmt.Errorf("KeyPolicy %v is neither HoldKey nor SkipKey", c.KeyPolicy))
+	}
 	if c.Concurrency < 1 || c.Concurrency > 64 {
 		errs = append(errs, fmt.Errorf("Concurrency %d is outside 1..64", c.Concurrency))
 	}
@@ -135,6 +168,8 @@ type Relay struct {
 	backlog chan struct{} // a full batch: wakes a loop that waits for one
 	running atomic.Bool
 	obs     relayTelemetry
+	// broker and database follow the availability of what the relay depends on.
+	broker, database availability
 }
 
 // NewRelay returns a relay that moves messages from store to sender.
@@ -156,6 +191,8 @@ func NewRelay(store Store, sender Sender, cfg *RelayConfig) (*Relay, error) {
 	r := &Relay{store: store, sender: sender, cfg: c, wake: make(chan struct{}, 1),
 		poll: make(chan struct{}, 1), backlog: make(chan struct{}, 1)}
 	r.obs.init(c, sender)
+	r.broker.init("broker", r)
+	r.database.init("database", r)
 	return r, nil
 }
 
@@ -170,33 +207,106 @@ func (r *Relay) Wake() {
 }
 
 // Run delivers messages until ctx ends, then returns nil once the batch in flight is sent
-// (bounded by SendTimeout) and written back, or released. It returns an error only if the
-// relay is already running.
+// (bounded by SendTimeout) and written back, or released. While the broker or the database
+// is unavailable it pauses and probes (see UnavailableBackoff) for as long as that lasts.
+// It returns an error if the relay is already running, or if the outbox's schema is not
+// migrated (an error wrapping [ErrSchema], found before the first claim when the store is a
+// [Validator], else by the first claim).
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: Relay.Run called while the relay is running")
 	}
 	defer r.running.Store(false)
+	if err := r.validate(ctx); err != nil {
+		return err
+	}
 	if sr, ok := r.store.(StatsReader); ok {
 		defer r.obs.observeStats(sr)()
 	}
+	defer r.obs.observeAvailability(r)()
 
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
 	var wg sync.WaitGroup
 	for lane := range r.cfg.Concurrency {
-		wg.Go(func() { r.loop(ctx, lane) })
+		wg.Go(func() {
+			if err := r.loop(ctx, lane); err != nil {
+				stop(err)
+			}
+		})
 	}
 	wg.Wait()
+	if err := context.Cause(ctx); errors.Is(err, ErrSchema) {
+		return err
+	}
 	return nil
 }
 
+// validate checks the outbox's schema once before the first claim, when the store can:
+// waiting (as for any claim) while the database is unavailable, failing on ErrSchema.
+func (r *Relay) validate(ctx context.Context) error {
+	v, ok := r.store.(Validator)
+	if !ok {
+		return nil
+	}
+	for ctx.Err() == nil {
+		proceed, probe, wait, back := r.database.admit()
+		if !proceed {
+			pause(ctx, wait, back)
+			continue
+		}
+		vctx, cancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
+		err := v.Validate(vctx)
+		cancel()
+		switch {
+		case err == nil:
+			r.database.ok(ctx, probe)
+			return nil
+		case errors.Is(err, ErrSchema):
+			r.database.ok(ctx, probe)
+			return fmt.Errorf("outbox: relay %s cannot start: %w", r.cfg.Name, err)
+		case ctx.Err() == nil:
+			r.database.failed(ctx, probe, err)
+		}
+	}
+	return nil
+}
+
+// pause waits for wait, for back to close, or for ctx to end.
+func pause(ctx context.Context, wait time.Duration, back <-chan struct{}) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-back:
+	case <-t.C:
+	}
+}
+
+// admit waits, while the broker or the database is unavailable, until this loop may probe
+// it or it is back. It returns false when the loop should ask again (or ctx ended).
+func (r *Relay) admit(ctx context.Context) (brokerProbe, databaseProbe, ok bool) {
+	proceed, brokerProbe, wait, back := r.broker.admit()
+	if !proceed {
+		pause(ctx, wait, back)
+		return false, false, false
+	}
+	proceed, databaseProbe, wait, back = r.database.admit()
+	if !proceed {
+		r.broker.idle(brokerProbe)
+		pause(ctx, wait, back)
+		return false, false, false
+	}
+	return brokerProbe, databaseProbe, true
+}
+
 // loop is one claim → send → write-back loop of Run (its lane of ClaimParams), polling
-// adaptively.
-func (r *Relay) loop(ctx context.Context, lane int) {
+// adaptively. It returns an error only for a schema that is not migrated.
+func (r *Relay) loop(ctx context.Context, lane int) error {
 	interval := r.cfg.MinPollInterval
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
-	failures := 0
 	polling := false
 	defer func() {
 		if polling {
@@ -204,29 +314,59 @@ func (r *Relay) loop(ctx context.Context, lane int) {
 		}
 	}()
 	for ctx.Err() == nil {
-		n, err := r.runOnce(ctx, lane)
+		brokerProbe, databaseProbe, ok := r.admit(ctx)
+		if !ok {
+			continue
+		}
+		limit := r.cfg.BatchSize
+		if brokerProbe {
+			limit = 1 // one message tells whether the broker is back
+		}
+		c := r.runOnce(ctx, lane, limit)
+		if c.claimErr != nil {
+			r.broker.idle(brokerProbe)
+			if errors.Is(c.claimErr, ErrSchema) {
+				r.database.ok(ctx, databaseProbe)
+				return c.claimErr
+			}
+			if ctx.Err() == nil {
+				r.database.failed(ctx, databaseProbe, c.claimErr)
+			}
+			continue
+		}
+		if c.writeErr != nil && ctx.Err() == nil {
+			r.database.failed(ctx, databaseProbe, c.writeErr)
+		} else {
+			r.database.ok(ctx, databaseProbe)
+		}
 		switch {
-		case err != nil && ctx.Err() == nil:
-			failures++
-			interval = min(r.cfg.MaxPollInterval*time.Duration(failures), 5*time.Second)
-			r.obs.log.ErrorContext(ctx, "outbox relay: cycle failed", "err", err, "retry_in", interval)
+		case c.unavailable != nil:
+			r.broker.failed(ctx, brokerProbe, c.unavailable)
+			continue // admit pauses the loop
+		case c.answered:
+			r.broker.ok(ctx, brokerProbe)
+		default:
+			r.broker.idle(brokerProbe)
+		}
+		n := c.claimed
+		switch {
+		case brokerProbe && c.answered:
+			continue // the broker is back: claim whole batches again at once
 		case n == r.cfg.BatchSize:
-			failures = 0
 			select { // a backlog: let a waiting loop claim too
 			case r.backlog <- struct{}{}:
 			default:
 			}
 			continue // more may be waiting
 		case n > 0:
-			failures, interval = 0, r.cfg.MinPollInterval
+			interval = r.cfg.MinPollInterval
 		default:
-			failures = 0
 			interval = min(interval*2, r.cfg.MaxPollInterval)
 		}
 		// An outbox that one claim drained is polled by one loop; the others wait for a
 		// backlog (a full batch) or a Wake instead of claiming, mostly in vain, what the
 		// poller has just taken.
-		if err == nil && !polling {
+		if !polling {
 			select {
 			case r.poll <- struct{}{}:
 				polling = true
@@ -254,16 +394,37 @@ func (r *Relay) loop(ctx context.Context, lane int) {
 			}
 		}
 	}
+	return nil
 }
 
 // RunOnce claims one batch, sends it and writes the outcome back. It returns how many
 // messages it claimed. Run calls it in a loop; tests and one-shot jobs may call it directly.
-func (r *Relay) RunOnce(ctx context.Context) (int, error) { return r.runOnce(ctx, 0) }
+// When the broker is unavailable ([IsUnavailable]) it gives back what it did not send,
+// without counting an attempt, and returns an error wrapping [ErrUnavailable].
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	c := r.runOnce(ctx, 0, r.cfg.BatchSize)
+	switch {
+	case c.claimErr != nil:
+		return 0, c.claimErr
+	case c.unavailable != nil:
+		return c.claimed, errors.Join(fmt.Errorf("outbox: broker unavailable: %w", Unavailable(c.unavailable)), c.writeErr)
+	}
+	return c.claimed, c.writeErr
+}
 
-// runOnce is RunOnce as the loop of the given lane.
-func (r *Relay) runOnce(ctx context.Context, lane int) (int, error) {
+// cycle is what one claim → send → write-back came to.
+type cycle struct {
+	claimed     int
+	claimErr    error // the claim failed: nothing was sent
+	writeErr    error // a write-back failed
+	unavailable error // a send failed for reasons of the broker: what was not sent was given back
+	answered    bool  // the broker accepted a message, or refused one for reasons of its own
+}
+
+// runOnce is RunOnce as the loop of the given lane, claiming up to limit messages.
+func (r *Relay) runOnce(ctx context.Context, lane, limit int) cycle {
 	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("outbox: claiming messages: %w", err)
+		return cycle{claimErr: fmt.Errorf("outbox: claiming messages: %w", err)}
 	}
 	token := rand.Int64()
 	// The claim runs to its end even when ctx ends meanwhile: a claim cancelled after its
@@ -277,23 +438,23 @@ func (r *Relay) runOnce(ctx context.Context, lane int) (int, error) {
 	claimed, err := r.store.Claim(cctx, ClaimParams{
 		Owner: r.cfg.Name,
 		Token: token,
-		Limit: r.cfg.BatchSize,
+		Limit: limit,
 		Lease: r.cfg.Lease,
 		Lane:  lane,
 		Lanes: r.cfg.Concurrency,
 	})
 	cancel()
 	if err != nil {
-		return 0, fmt.Errorf("outbox: claiming messages: %w", err)
+		return cycle{claimErr: fmt.Errorf("outbox: claiming messages: %w", err)}
 	}
 	if len(claimed) == 0 {
-		return 0, nil
+		return cycle{}
 	}
 	r.obs.claimed(ctx, len(claimed))
 	// A message claimed more often than MaxAttempts lost its earlier leases without a
 	// write-back: its sends crashed or hung the relay. Dead-letter it instead of looping.
 	// A row the store could not read is dead-lettered alone; the rest of the claim goes on.
-	var out outcome
+	out := outcome{holdKeys: r.cfg.KeyPolicy == HoldKey}
 	defer out.telemetry.Wait()
 	sendable := claimed[:0] // filtered in place: claimed is not read again
 	for _, c := range claimed {
@@ -329,10 +490,11 @@ func (r *Relay) runOnce(ctx context.Context, lane int) (int, error) {
 	if len(out.release) > 0 {
 		errs = append(errs, r.store.Release(wctx, token, out.release))
 	}
+	c := cycle{claimed: len(claimed), unavailable: out.unavailable, answered: out.answered}
 	if err := errors.Join(errs...); err != nil {
-		return len(claimed), fmt.Errorf("outbox: writing back a batch of %d: %w", len(claimed), err)
+		c.writeErr = fmt.Errorf("outbox: writing back a batch of %d: %w", len(claimed), err)
 	}
-	return len(claimed), nil
+	return c
 }
 
 // Kinds of the relay's dead letters: deadletter.Kind values (deadletter imports this
@@ -350,16 +512,20 @@ type outcome struct {
 	dead          []DeadLetter
 	deadClaims    []Claimed      // the claims of dead, in the same order
 	telemetry     sync.WaitGroup // the sends' spans and metrics, recorded beside the write-back
+	holdKeys      bool           // KeyPolicy HoldKey: a keyed dead letter holds its key
+	unavailable   error          // the broker's failure that stopped the sends, if any
+	answered      bool           // the broker accepted or refused a message
 }
 
 func (o *outcome) deadLetter(c Claimed, kind, reason string) {
-	o.dead = append(o.dead, DeadLetter{Seq: c.Seq, Kind: kind, Reason: reason})
+	o.dead = append(o.dead, DeadLetter{Seq: c.Seq, Kind: kind, Reason: reason, HoldKey: o.holdKeys && c.Message.Key != ""})
 	o.deadClaims = append(o.deadClaims, c)
 }
 
 // send delivers a claim in waves: wave i holds the i-th message of every key (and, in wave
 // 0, every keyless message), so a Sender never sees two messages of one key at once, and a
-// key whose message failed sends nothing after it. Waves due after lastWave are released.
+// key whose message failed sends nothing after it. Waves due after lastWave are released,
+// and so is everything left once the broker turns out to be unavailable.
 func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time, out *outcome) {
 	waves := splitWaves(claimed)
 	blocked := map[string]bool{}
@@ -375,7 +541,8 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 		if len(batch) == 0 {
 			continue
 		}
-		if ctx.Err() != nil || time.Now().After(lastWave) { // shutting down, or out of lease: give the rest back untouched
+		// Shutting down, out of lease, or the broker is down: give the rest back untouched.
+		if ctx.Err() != nil || time.Now().After(lastWave) || out.unavailable != nil {
 			for _, c := range batch {
 				out.release = append(out.release, c.Seq)
 			}
@@ -386,19 +553,20 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 			err, bad := failed[i]
 			if !bad {
 				out.done = append(out.done, c.Seq)
+				out.answered = true
 				continue
 			}
 			if c.Message.Key != "" {
 				blocked[c.Message.Key] = true
 			}
-			if IsPermanent(err) || c.Attempts >= r.cfg.MaxAttempts {
-				kind, reason := deadPermanent, err.Error()
-				switch {
-				case errors.Is(err, ErrTooLarge):
-					kind = deadTooLarge
-				case !IsPermanent(err):
-					kind, reason = deadGaveUp, fmt.Sprintf("gave up after %d attempts: %v", c.Attempts, err)
-				}
+			if IsUnavailable(err) {
+				// The broker's fault, not the message's: no attempt is spent.
+				out.release = append(out.release, c.Seq)
+				out.unavailable = err
+				continue
+			}
+			out.answered = true
+			if kind, reason, dead := r.giveUp(c, err); dead {
 				out.deadLetter(c, kind, reason)
 				continue
 			}
@@ -412,8 +580,35 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 	}
 }
 
+// giveUp decides whether a message's own failure err dead-letters it: at once for a
+// permanent error, or once it has spent MaxAttempts or MaxRetryTime; and with which kind and
+// reason.
+func (r *Relay) giveUp(c Claimed, err error) (kind, reason string, dead bool) {
+	switch {
+	case errors.Is(err, ErrTooLarge):
+		return deadTooLarge, err.Error(), true
+	case IsPermanent(err):
+		return deadPermanent, err.Error(), true
+	case c.Attempts >= r.cfg.MaxAttempts:
+		return deadGaveUp, fmt.Sprintf("gave up after %s: %v", plural(c.Attempts, "attempt"), err), true
+	case r.cfg.MaxRetryTime > 0 && !c.FirstFailedAt.IsZero() && time.Since(c.FirstFailedAt) >= r.cfg.MaxRetryTime:
+		return deadGaveUp, fmt.Sprintf("gave up after %s over %v (MaxRetryTime %v): %v", plural(c.Attempts, "attempt"),
+			time.Since(c.FirstFailedAt).Round(time.Second), r.cfg.MaxRetryTime, err), true
+	}
+	return "", "", false
+}
+
+// plural renders n and noun, in the plural unless n is 1: "1 attempt", "3 attempts".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // sendBatch calls the Sender and returns the failed indexes of batch. Its spans and metrics
-// may be finished later, by a goroutine of pending.
+// may be finished later, by a goroutine of pending. A Send that the broker did not answer
+// within SendTimeout fails with an error marked [Unavailable].
 func (r *Relay) sendBatch(ctx context.Context, batch []Claimed, pending *sync.WaitGroup) map[int]error {
 	msgs := make([]Message, len(batch))
 	for i, c := range batch {
@@ -431,7 +626,15 @@ func (r *Relay) sendBatch(ctx context.Context, batch []Claimed, pending *sync.Wa
 		var be *BatchError
 		if errors.As(err, &be) {
 			failed = be.Failed
+			for i, e := range failed {
+				if sendTimedOut(sctx, e) {
+					failed[i] = r.timedOut(e)
+				}
+			}
 		} else {
+			if sendTimedOut(sctx, err) {
+				err = r.timedOut(err)
+			}
 			failed = make(map[int]error, len(batch))
 			for i := range batch {
 				failed[i] = err
@@ -440,6 +643,11 @@ func (r *Relay) sendBatch(ctx context.Context, batch []Claimed, pending *sync.Wa
 	}
 	r.obs.sent(sctx, span, msgs, start, err, failed, pending)
 	return failed
+}
+
+// timedOut marks the error of a send that outlived SendTimeout as the broker's.
+func (r *Relay) timedOut(err error) error {
+	return Unavailable(fmt.Errorf("no answer from the broker within SendTimeout (%v): %w", r.cfg.SendTimeout, err))
 }
 
 // splitWaves groups claimed messages (in outbox order) so that each wave holds at most one

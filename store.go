@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -26,9 +27,17 @@ type Store interface {
 	// it moved: those still carrying token (the relay reports exactly these as new dead
 	// letters, to its OnDeadLetter hook, metrics and logs).
 	DeadLetter(ctx context.Context, token int64, dead []DeadLetter) (moved []int64, err error)
-	// Release gives messages back unsent, without counting the attempt (shutdown, or a key
-	// blocked by an earlier failure in the same claim).
+	// Release gives messages back unsent, without counting the attempt (shutdown, a key
+	// blocked by an earlier failure in the same claim, or a broker that is unavailable).
 	Release(ctx context.Context, token int64, seqs []int64) error
+}
+
+// Validator is an optional interface of a [Store] (the SQL adapters' stores have it):
+// [Relay.Run] calls Validate before its first claim and stops with its error when that wraps
+// [ErrSchema] — the outbox was never migrated, or by another version — instead of failing
+// every claim for as long as it runs. Other errors (the database is down) are retried.
+type Validator interface {
+	Validate(ctx context.Context) error
 }
 
 // ClaimParams are the arguments of [Store.Claim].
@@ -55,6 +64,9 @@ type Claimed struct {
 	Seq int64
 	// Attempts counts claims of this message, this one included.
 	Attempts int
+	// FirstFailedAt is when a send of the message first failed (the store's clock); zero
+	// if none has. The relay's MaxRetryTime counts from it.
+	FirstFailedAt time.Time
 	// Message is the message as stored.
 	Message Message
 	// Err is set when the row could not be read into a valid Message (written by raw SQL,
@@ -84,6 +96,39 @@ type DeadLetter struct {
 	// Kind classifies the failure for people filtering dead letters: one of the
 	// deadletter.Kind values ("gave-up", "permanent", "too-large", "unreadable-row").
 	Kind string
+	// HoldKey asks the store to hold the message's key (set only for a keyed message, by a
+	// relay whose KeyPolicy is HoldKey): the row stays in the outbox, never claimable, as
+	// the first of its key, so the key's later messages wait behind it; the dead letter
+	// records which row it holds. Replaying the dead letter makes that row deliverable
+	// again, where it stood (it goes first); discarding it deletes the row (the key moves
+	// on). Without HoldKey the row leaves the outbox.
+	HoldKey bool
+}
+
+// KeyPolicy says what becomes of a key's later events once one of its events is
+// dead-lettered.
+type KeyPolicy int
+
+const (
+	// HoldKey (the default) keeps per-key order across a dead letter: the key's later events
+	// wait until the dead letter is replayed — it goes first — or discarded — the key moves
+	// on. Held keys show in Stats.HeldKeys, `outbox status`, the console and the
+	// txoutbox.outbox.held_keys gauge.
+	HoldKey KeyPolicy = iota
+	// SkipKey lets the key's later events go on past the dead letter; replaying it later
+	// delivers it after them.
+	SkipKey
+)
+
+// String names the policy.
+func (p KeyPolicy) String() string {
+	switch p {
+	case HoldKey:
+		return "hold"
+	case SkipKey:
+		return "skip"
+	}
+	return fmt.Sprintf("KeyPolicy(%d)", int(p))
 }
 
 // Tables names the tables the SQL adapters use. The zero value means the connection's
@@ -127,4 +172,7 @@ type Stats struct {
 	// OldestPendingDeadLetter is when the oldest pending dead letter last failed; zero when
 	// there is none.
 	OldestPendingDeadLetter time.Time
+	// HeldKeys counts the keys held by a pending dead letter of the relay (see [HoldKey]):
+	// their later messages wait in the backlog until it is replayed or discarded.
+	HeldKeys int64
 }

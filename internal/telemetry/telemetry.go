@@ -88,6 +88,8 @@ const (
 	OutboxKey = attribute.Key("txoutbox.outbox")
 	// RelayKey names the relay of a span.
 	RelayKey = attribute.Key("txoutbox.relay")
+	// ComponentKey says what is unavailable: "broker" or "database".
+	ComponentKey = attribute.Key("txoutbox.component")
 	// OtherType stands for an event type that no handler is registered for, so a stream of
 	// foreign or malformed messages cannot grow the metrics' cardinality without bound.
 	OtherType = "_OTHER"
@@ -124,6 +126,10 @@ type Instruments struct {
 	BacklogAge         metric.Float64ObservableGauge
 	DeadLettersPending metric.Int64ObservableGauge
 	DeadLetterAge      metric.Float64ObservableGauge
+	HeldKeys           metric.Int64ObservableGauge
+	// Unavailable is how long the relay's broker or database (ComponentKey) has been
+	// unavailable, 0 while it is available.
+	Unavailable metric.Float64ObservableGauge
 }
 
 // NewInstruments creates the instruments on m. An error names an instrument the SDK refused;
@@ -168,6 +174,12 @@ func NewInstruments(m metric.Meter) (*Instruments, error) {
 	keep(err)
 	i.DeadLetterAge, err = m.Float64ObservableGauge("txoutbox.dead_letters.oldest_age", metric.WithUnit("s"),
 		metric.WithDescription("Time since the oldest pending dead letter failed (0 when none)."))
+	keep(err)
+	i.HeldKeys, err = m.Int64ObservableGauge("txoutbox.outbox.held_keys", metric.WithUnit("{key}"),
+		metric.WithDescription("Keys whose later events wait behind a pending dead letter of the relay (replay or discard it to release the key)."))
+	keep(err)
+	i.Unavailable, err = m.Float64ObservableGauge("txoutbox.relay.unavailable", metric.WithUnit("s"),
+		metric.WithDescription("How long the relay's broker or database (txoutbox.component) has been unavailable; 0 while available."))
 	keep(err)
 	return i, errors.Join(errs...)
 }
