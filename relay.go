@@ -345,8 +345,11 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 			continue // admit pauses the loop
 		case c.answered:
 			r.broker.ok(ctx, brokerProbe)
-		default:
-			r.broker.idle(brokerProbe)
+		case brokerProbe:
+			if err := r.ping(ctx); err != nil {
+				r.broker.failed(ctx, true, err)
+				continue
+			}
 		}
 		n := c.claimed
 		switch {
@@ -643,6 +646,30 @@ func (r *Relay) sendBatch(ctx context.Context, batch []Claimed, pending *sync.Wa
 	}
 	r.obs.sent(sctx, span, msgs, start, err, failed, pending)
 	return failed
+}
+
+// ping asks a Sender that is a [Pinger] whether the broker answers (a probe with nothing to
+// send). The broker stays unavailable, to be probed again after the backoff, when the Sender
+// cannot tell.
+func (r *Relay) ping(ctx context.Context) error {
+	p, ok := r.sender.(Pinger)
+	if !ok {
+		r.broker.idle(true)
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SendTimeout)
+	defer cancel()
+	err := p.Ping(pctx)
+	switch {
+	case err == nil:
+		r.broker.ok(ctx, true)
+		return nil
+	case sendTimedOut(pctx, err):
+		return r.timedOut(err)
+	case IsUnavailable(err):
+		return err
+	}
+	return Unavailable(err) // a ping concerns no message: any failure is the broker's
 }
 
 // timedOut marks the error of a send that outlived SendTimeout as the broker's.

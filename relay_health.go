@@ -62,12 +62,15 @@ type availability struct {
 	probeAt  time.Time     // when the next probe may start
 	probing  bool          // a loop is probing
 	back     chan struct{} // closed when available again
-	log      telemetry.LogLimiter
+	// Changes are logged up to 10 a minute (a broker that flaps would fill the logs), and
+	// "still unavailable" once a minute.
+	changes, still telemetry.LogLimiter
 }
 
 func (a *availability) init(name string, r *Relay) {
 	a.name, a.r = name, r
-	a.log = telemetry.LogLimiter{Burst: 1, Window: time.Minute}
+	a.changes = telemetry.LogLimiter{Burst: 10, Window: time.Minute}
+	a.still = telemetry.LogLimiter{Burst: 1, Window: time.Minute}
 }
 
 func (a *availability) status() (time.Time, error) {
@@ -120,22 +123,33 @@ func (a *availability) failed(ctx context.Context, probe bool, err error) {
 	}
 	since, next := a.since, a.probeAt.Sub(now)
 	a.mu.Unlock()
-	log := a.r.obs.log
 	switch {
 	case changed:
-		log.LogAttrs(ctx, slog.LevelError, "outbox relay: "+a.name+" unavailable; pausing (no attempts are counted), probing again in "+next.Round(time.Millisecond).String(),
+		a.logChange(ctx, slog.LevelError, "unavailable; pausing (no attempts are counted), probing again in "+next.Round(time.Millisecond).String(),
 			slog.Any("err", err))
 		a.r.stateChanged(ctx)
 	case probe:
-		if ok, suppressed := a.log.Allow(); ok {
+		if ok, suppressed := a.still.Allow(); ok {
 			attrs := []slog.Attr{slog.Duration("unavailable_for", now.Sub(since).Round(time.Second)),
 				slog.Duration("next_probe_in", next.Round(time.Millisecond)), slog.Any("err", err)}
 			if suppressed > 0 {
 				attrs = append(attrs, slog.Int("probes_not_logged", suppressed))
 			}
-			log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: "+a.name+" still unavailable", attrs...)
+			a.r.obs.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: "+a.name+" still unavailable", attrs...)
 		}
 	}
+}
+
+// logChange logs a change of availability, rate-limited.
+func (a *availability) logChange(ctx context.Context, level slog.Level, msg string, attrs ...slog.Attr) {
+	ok, suppressed := a.changes.Allow()
+	if !ok {
+		return
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int("changes_not_logged", suppressed))
+	}
+	a.r.obs.log.LogAttrs(ctx, level, "outbox relay: "+a.name+" "+msg, attrs...)
 }
 
 // ok records that the thing answered: available again, if it was not.
@@ -152,8 +166,7 @@ func (a *availability) ok(ctx context.Context, probe bool) {
 	a.since, a.err, a.failures = time.Time{}, nil, 0
 	close(a.back)
 	a.mu.Unlock()
-	a.r.obs.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: "+a.name+" available again",
-		slog.Duration("unavailable_for", time.Since(since).Round(time.Millisecond)))
+	a.logChange(ctx, slog.LevelWarn, "available again", slog.Duration("unavailable_for", time.Since(since).Round(time.Millisecond)))
 	a.r.stateChanged(ctx)
 }
 

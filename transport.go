@@ -19,6 +19,17 @@ type Sender interface {
 	Send(ctx context.Context, msgs []Message) error
 }
 
+// Pinger is an optional interface of a [Sender]: Ping checks that the broker answers,
+// sending nothing (a round trip on the connection, or a look at the destination). A relay
+// that paused for an unavailable broker probes it by sending one message; when it has none
+// to send, it pings instead, so that its state ([Relay.State]) does not stay "unavailable"
+// after the broker came back just because another relay drained the outbox meanwhile.
+// Ping returns nil when the broker answers and an error (marked [Unavailable] where that
+// applies) otherwise. Without it, the relay learns the broker is back at its next send.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // Describer is an optional interface of a [Sender], a [Receiver] or a [Delivery]: it names
 // the broker and a message's destination in traces, metrics and logs, as the OpenTelemetry
 // messaging conventions' messaging.system and messaging.destination.name. The relay asks its

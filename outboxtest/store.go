@@ -90,6 +90,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 	ctx := context.Background()
 
 	exercisePoisonStore(t, newFixture)
+	exerciseOutage(t, newFixture)
 
 	t.Run("CommitIsDelivered", func(t *testing.T) {
 		t.Parallel()
