@@ -125,8 +125,8 @@ func (a *availability) failed(ctx context.Context, probe bool, err error) {
 	a.mu.Unlock()
 	switch {
 	case changed:
-		a.logChange(ctx, slog.LevelError, "unavailable; pausing (no attempts are counted), probing again in "+next.Round(time.Millisecond).String(),
-			slog.Any("err", err))
+		a.logChange(ctx, slog.LevelError, "unavailable; pausing, no attempts are counted",
+			slog.Duration("next_probe_in", next.Round(time.Millisecond)), slog.Any("err", err))
 		a.r.stateChanged(ctx)
 	case probe:
 		if ok, suppressed := a.still.Allow(); ok {

@@ -216,7 +216,7 @@ type chaosPipeline struct {
 
 const (
 	chaosConsumer    = "chaos"
-	relayCycleFailed = "outbox relay: cycle failed" // the relay's log message
+	relayCycleFailed = "outbox relay: database unavailable; pausing, no attempts are counted" // the relay's log message
 )
 
 func newChaosPipeline(t *testing.T, p *pgxtest.Outbox, s chaosSetup) *chaosPipeline {
