@@ -187,6 +187,8 @@ type chaosSetup struct {
 	stream                  jetstream.Stream
 	sender                  *outboxnats.Sender
 	receiver                *outboxnats.Receiver
+	// maxAttempts is the relays' and the consumer's MaxAttempts; 0 is 100 (see start).
+	maxAttempts int
 }
 
 // chaosPipeline is producers → outbox → two relays → JetStream → consumer → effects.
@@ -197,9 +199,12 @@ type chaosPipeline struct {
 	sender   *chaosSender
 	receiver *countingReceiver
 	store    *chaosStore
-	logs     *logCounter
-	handled  idSet // every event a handler was called with, attempts and redeliveries included
-	acks     struct {
+	relays   []*outbox.Relay
+	// onStateChange, when set before start, hears the relays' OnStateChange.
+	onStateChange func(relay string, s outbox.RelayState)
+	logs          *logCounter
+	handled       idSet // every event a handler was called with, attempts and redeliveries included
+	acks          struct {
 		sync.Mutex
 		total, duplicate int
 	}
@@ -258,10 +263,20 @@ func (pl *chaosPipeline) start() {
 	}
 	store := &chaosStore{Store: relayStore}
 	pl.store = store
+	maxAttempts := pl.setup.maxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = 100
+	}
 	var relays []*outbox.Relay
 	for i := range 2 {
+		name := fmt.Sprintf("chaos-relay-%d", i)
 		r, err := outbox.NewRelay(store, pl.sender, &outbox.RelayConfig{
-			Name:      fmt.Sprintf("chaos-relay-%d", i),
+			Name: name,
+			OnStateChange: func(_ context.Context, s outbox.RelayState) {
+				if pl.onStateChange != nil {
+					pl.onStateChange(name, s)
+				}
+			},
 			BatchSize: 100,
 			// A write-back lost to the chaos leaves its batch leased: a short lease gets it
 			// re-sent (and deduplicated by the stream) soon.
@@ -273,7 +288,7 @@ func (pl *chaosPipeline) start() {
 			// and no healthy event is dead-lettered.
 			RetryBackoff:    100 * time.Millisecond,
 			MaxRetryBackoff: time.Second,
-			MaxAttempts:     100,
+			MaxAttempts:     maxAttempts,
 			Logger:          logger,
 		})
 		if err != nil {
@@ -281,6 +296,7 @@ func (pl *chaosPipeline) start() {
 		}
 		relays = append(relays, r)
 	}
+	pl.relays = relays
 	c, err := consumer.New(pl.receiver, &consumer.Config{
 		Name:        chaosConsumer,
 		DeadLetters: dead,
@@ -289,7 +305,7 @@ func (pl *chaosPipeline) start() {
 		// connection, so one event may fail several times in a row: runs saw attempt 8.)
 		RetryBackoff:    100 * time.Millisecond,
 		MaxRetryBackoff: time.Second,
-		MaxAttempts:     100,
+		MaxAttempts:     maxAttempts,
 		Logger:          logger,
 	})
 	if err != nil {
@@ -713,6 +729,9 @@ type chaosSender struct {
 
 type sendStats struct {
 	calls, failed, msgs int
+	// maxGap is the longest time between two sends that succeeded in full.
+	maxGap time.Duration
+	lastOK time.Time
 }
 
 func (s *chaosSender) Send(ctx context.Context, msgs []outbox.Message) error {
@@ -723,8 +742,21 @@ func (s *chaosSender) Send(ctx context.Context, msgs []outbox.Message) error {
 	s.s.msgs += len(msgs)
 	if err != nil {
 		s.s.failed++
+		return err
 	}
-	return err
+	now := time.Now()
+	if !s.s.lastOK.IsZero() {
+		s.s.maxGap = max(s.s.maxGap, now.Sub(s.s.lastOK))
+	}
+	s.s.lastOK = now
+	return nil
+}
+
+// resetGap starts measuring maxGap afresh.
+func (s *chaosSender) resetGap() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.s.maxGap = 0
 }
 
 func (s *chaosSender) stats() sendStats {
@@ -842,9 +874,19 @@ type natsServer struct {
 	logPath string
 	cmd     *exec.Cmd
 	exited  chan error
+	extra   []string // more command-line arguments (a cluster node's)
 }
 
 func startNATSServer(t *testing.T) *natsServer {
+	t.Helper()
+	s := newNATSServer(t)
+	s.start()
+	return s
+}
+
+// newNATSServer prepares a private server on a free port with a store directory of its
+// own, killed at cleanup; start starts it.
+func newNATSServer(t *testing.T) *natsServer {
 	t.Helper()
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
@@ -869,7 +911,6 @@ func startNATSServer(t *testing.T) *natsServer {
 			}
 		}
 	})
-	s.start()
 	return s
 }
 
@@ -885,7 +926,8 @@ func (s *natsServer) start() {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	s.cmd = exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir+"/store")
+	args := append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir + "/store"}, s.extra...)
+	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
