@@ -867,7 +867,7 @@ func (l *logCounter) samples() map[string]string {
 // natsServer is a private nats-server process with JetStream on file storage, for tests
 // that kill the broker. It is SIGKILLed at cleanup.
 type natsServer struct {
-	t       *testing.T
+	t       testing.TB
 	bin     string
 	port    int
 	dir     string
@@ -877,7 +877,7 @@ type natsServer struct {
 	extra   []string // more command-line arguments (a cluster node's)
 }
 
-func startNATSServer(t *testing.T) *natsServer {
+func startNATSServer(t testing.TB) *natsServer {
 	t.Helper()
 	s := newNATSServer(t)
 	s.start()
@@ -886,7 +886,7 @@ func startNATSServer(t *testing.T) *natsServer {
 
 // newNATSServer prepares a private server on a free port with a store directory of its
 // own, killed at cleanup; start starts it.
-func newNATSServer(t *testing.T) *natsServer {
+func newNATSServer(t testing.TB) *natsServer {
 	t.Helper()
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
@@ -970,7 +970,7 @@ func (s *natsServer) kill() {
 }
 
 // connectPrivate connects to s, reconnecting forever and quickly, closed at cleanup.
-func connectPrivate(t *testing.T, s *natsServer, name string) (*nats.Conn, jetstream.JetStream) {
+func connectPrivate(t testing.TB, s *natsServer, name string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(s.url(), nats.Name(name), nats.Timeout(time.Second),
 		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(0, 0))
