@@ -6,6 +6,63 @@
 // Delivery is at least once. For effects that happen exactly once, wrap handlers with an
 // adapter's Idempotent (outboxpgx.Idempotent…): it records the event ID in the inbox table in
 // the same transaction as the handler's writes.
+//
+// # Outages
+//
+// A failure that is not the message's fault never makes it a dead letter: a handler error
+// that [outbox.IsUnavailable] reports (a network error reaching the inbox database, an error
+// the adapters mark as the database's, or one a handler marks with [outbox.Unavailable]
+// because its own downstream is down), a dead-letter table that cannot be written, a held
+// key that cannot be looked up. The delivery is nacked, never acknowledged, to come back
+// after about UnavailableBackoff, and the consumer pauses as a whole: it stops receiving
+// and sends one message now and then as a probe, the pause doubling (with jitter) up to
+// MaxUnavailableBackoff while probes fail the same way. The first delivery that succeeds
+// resumes it. [Consumer.State] and OnStateChange say since when it is paused and why; the
+// txoutbox.consumer.messages counter counts such deliveries as outcome "unavailable";
+// the log says so once when it pauses, once a minute while it probes, once when it
+// resumes. Group commit (IdempotentGrouped) behaves the same.
+//
+// The broker keeps counting deliveries meanwhile (SQS ApproximateReceiveCount, Azure
+// DequeueCount, JetStream's and RabbitMQ's delivery counts): a message the outage caught
+// has a higher Attempt than its own failures. The consumer compares MaxAttempts with the
+// count less the deliveries it saw fail for unavailability (remembered per process, for
+// the last 65,536 messages), so after the outage a message still gets its MaxAttempts.
+// Pausing keeps the count low anyway: only the messages in flight and the probes are
+// delivered during an outage. The broker's own limits are the broker's: an SQS redrive
+// policy's maxReceiveCount, a JetStream consumer's MaxDeliver, a RabbitMQ quorum queue's
+// delivery-limit move or drop a message on their own count, outage or not. Leave them
+// unset, or far above MaxAttempts plus the probes of the longest outage you plan for, and
+// let the consumer's dead-letter table do that job.
+//
+// # Unknown event types
+//
+// Config.UnknownTypes says what becomes of a message whose type has no handler:
+// [DeadLetterUnknownTypes] (the default: a type nobody expected is a mistake to look at),
+// [AcknowledgeUnknownTypes] (a consumer reading a stream shared with other consumers'
+// types) or [RetryUnknownTypes] (a rolling deploy where producers upgrade first: the new
+// type waits in the broker until a consumer with its handler takes it). On NATS, a
+// consumer can instead receive only its types (outboxnats.Topology.FilterSubjects).
+//
+// # Keys after a dead letter
+//
+// On a transport that delivers a key's messages in order (SQS FIFO, a JetStream consumer
+// with MaxAckPending 1, Kafka, a single-active-consumer RabbitMQ queue, outboxmem with
+// FIFO), the consumer handles a key's messages one at a time, in order. A dead letter
+// acknowledges its message, and by default the key's next message is then handled: the
+// key skips past the dead letter, and replaying it later handles it after the events that
+// followed it. Where that would be wrong (an account's debits and credits), set
+// Config.HoldKeys: each later message of the key goes to the dead-letter table too (kind
+// "held", the reason naming the entry that holds the key), until the key has no pending
+// dead letter of this consumer. Replay the key's entries — in any order, at any pace;
+// `outbox dead-letters replay --all-matching --consumer NAME` replays all the consumer's —
+// and it handles them in the key's order, holding any that comes back before the events
+// ahead of it (see deadletter.KeyHolds for the exact rule). Discarding the entry that holds
+// the key releases it for the events that follow. The cost is one indexed query of the
+// dead-letter table per keyed delivery; the relay's dead letters (stage relay) are held by
+// the relay itself (outbox.RelayConfig.KeyPolicy). Unlike the relay, which keeps a held
+// key's events in the outbox, the consumer cannot leave them in the broker (they would
+// block the key's queue, or the whole consumer, until someone acted), so HoldKeys is not
+// the default.
 package consumer
 
 import (
@@ -103,8 +160,8 @@ type Config struct {
 	// no pending dead letter of this consumer, so replaying the key's entries restores its
 	// order. It costs one indexed query of the dead-letter table per keyed delivery, and
 	// needs a table that implements [deadletter.KeyHolds] (every adapter's does). Default
-	// false: a dead letter lets the key's next event be handled (see [HeldKeys] in the
-	// package documentation for what each choice means).
+	// false: a dead letter lets the key's next event be handled (the package
+	// documentation's "Keys after a dead letter" says what each choice means).
 	HoldKeys bool
 }
 
