@@ -140,19 +140,7 @@ func TestDeadLetterTableDownPausesAndNeverAcks(t *testing.T) {
 	consumer.Handle(c, func(ctx context.Context, e outbox.Event[Paid]) error {
 		return outbox.Permanent(errors.New("poison"))
 	})
-	m, _ := outbox.New(Paid{Order: 1}).Encode()
-	if err := q.Send(context.Background(), []outbox.Message{m}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- c.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	defer sendAndRun(t, q, c, outbox.New(Paid{Order: 1}))()
 	outboxtest.WaitFor(t, 10*time.Second, "several failed writes", func() bool { return dl.failed.Load() >= 5 })
 	if s := c.State(); s.UnavailableSince.IsZero() {
 		t.Fatalf("State with the dead-letter table down = %+v, want unavailable", s)
@@ -204,21 +192,7 @@ func TestUnknownTypePolicies(t *testing.T) {
 				handled.Add(1)
 				return nil
 			})
-			for _, e := range []outbox.Encodable{outbox.New(Unhandled{}), outbox.New(Paid{Order: 1})} {
-				m, _ := e.Encode()
-				if err := q.Send(context.Background(), []outbox.Message{m}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error)
-			go func() { done <- c.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Error(err)
-				}
-			}()
+			defer sendAndRun(t, q, c, outbox.New(Unhandled{}), outbox.New(Paid{Order: 1}))()
 			outboxtest.WaitFor(t, 10*time.Second, "the known type to be handled", func() bool { return handled.Load() == 1 })
 			switch policy {
 			case consumer.DeadLetterUnknownTypes:
@@ -256,4 +230,27 @@ func (r *countingReceiver) Receive(ctx context.Context, max int) ([]outbox.Deliv
 		}
 	}
 	return ds, err
+}
+
+// sendAndRun sends events to q, one by one in order, runs c, and returns its stop.
+func sendAndRun(t *testing.T, q *outboxmem.Queue, c *consumer.Consumer, events ...outbox.Encodable) (stop func()) {
+	t.Helper()
+	for _, e := range events {
+		m, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Send(context.Background(), []outbox.Message{m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
 }
