@@ -6,6 +6,63 @@
 // Delivery is at least once. For effects that happen exactly once, wrap handlers with an
 // adapter's Idempotent (outboxpgx.Idempotent…): it records the event ID in the inbox table in
 // the same transaction as the handler's writes.
+//
+// # Outages
+//
+// A failure that is not the message's fault never makes it a dead letter: a handler error
+// that [outbox.IsUnavailable] reports (a network error reaching the inbox database, an error
+// the adapters mark as the database's, or one a handler marks with [outbox.Unavailable]
+// because its own downstream is down), a dead-letter table that cannot be written, a held
+// key that cannot be looked up. The delivery is nacked, never acknowledged, to come back
+// after about UnavailableBackoff, and the consumer pauses as a whole: it stops receiving
+// and sends one message now and then as a probe, the pause doubling (with jitter) up to
+// MaxUnavailableBackoff while probes fail the same way. The first delivery that succeeds
+// resumes it. [Consumer.State] and OnStateChange say since when it is paused and why; the
+// txoutbox.consumer.messages counter counts such deliveries as outcome "unavailable";
+// the log says so once when it pauses, once a minute while it probes, once when it
+// resumes. Group commit (IdempotentGrouped) behaves the same.
+//
+// The broker keeps counting deliveries meanwhile (SQS ApproximateReceiveCount, Azure
+// DequeueCount, JetStream's and RabbitMQ's delivery counts): a message the outage caught
+// has a higher Attempt than its own failures. The consumer compares MaxAttempts with the
+// count less the deliveries it saw fail for unavailability (remembered per process, for
+// the last 65,536 messages), so after the outage a message still gets its MaxAttempts.
+// Pausing keeps the count low anyway: only the messages in flight and the probes are
+// delivered during an outage. The broker's own limits are the broker's: an SQS redrive
+// policy's maxReceiveCount, a JetStream consumer's MaxDeliver, a RabbitMQ quorum queue's
+// delivery-limit move or drop a message on their own count, outage or not. Leave them
+// unset, or far above MaxAttempts plus the probes of the longest outage you plan for, and
+// let the consumer's dead-letter table do that job.
+//
+// # Unknown event types
+//
+// Config.UnknownTypes says what becomes of a message whose type has no handler:
+// [DeadLetterUnknownTypes] (the default: a type nobody expected is a mistake to look at),
+// [AcknowledgeUnknownTypes] (a consumer reading a stream shared with other consumers'
+// types) or [RetryUnknownTypes] (a rolling deploy where producers upgrade first: the new
+// type waits in the broker until a consumer with its handler takes it). On NATS, a
+// consumer can instead receive only its types (outboxnats.Topology.FilterSubjects).
+//
+// # Keys after a dead letter
+//
+// On a transport that delivers a key's messages in order (SQS FIFO, a JetStream consumer
+// with MaxAckPending 1, Kafka, a single-active-consumer RabbitMQ queue, outboxmem with
+// FIFO), the consumer handles a key's messages one at a time, in order. A dead letter
+// acknowledges its message, and by default the key's next message is then handled: the
+// key skips past the dead letter, and replaying it later handles it after the events that
+// followed it. Where that would be wrong (an account's debits and credits), set
+// Config.HoldKeys: each later message of the key goes to the dead-letter table too (kind
+// "held", the reason naming the entry that holds the key), until the key has no pending
+// dead letter of this consumer. Replay the key's entries — in any order, at any pace;
+// `outbox dead-letters replay --all-matching --consumer NAME` replays all the consumer's —
+// and it handles them in the key's order, holding any that comes back before the events
+// ahead of it (see deadletter.KeyHolds for the exact rule). Discarding the entry that holds
+// the key releases it for the events that follow. The cost is one indexed query of the
+// dead-letter table per keyed delivery; the relay's dead letters (stage relay) are held by
+// the relay itself (outbox.RelayConfig.KeyPolicy). Unlike the relay, which keeps a held
+// key's events in the outbox, the consumer cannot leave them in the broker (they would
+// block the key's queue, or the whole consumer, until someone acted), so HoldKeys is not
+// the default.
 package consumer
 
 import (
@@ -78,6 +135,34 @@ type Config struct {
 	// OnDeadLetter, when set, is called once for each dead letter the consumer writes, after
 	// it is stored: to page someone without polling the table. See [outbox.DeadLettered].
 	OnDeadLetter func(ctx context.Context, d outbox.DeadLettered)
+
+	// UnavailableBackoff is how long the consumer pauses once a delivery fails for reasons
+	// of what it depends on rather than of the message: a handler error that
+	// [outbox.IsUnavailable] reports (the inbox database down, a network error, an error
+	// the handler marked with [outbox.Unavailable]), or a dead-letter table it cannot
+	// write. Such a delivery is nacked to come back after about the pause, counts no
+	// attempt toward MaxAttempts and is never dead-lettered. While paused the consumer
+	// receives nothing but one message per backoff, as a probe; each probe that fails the
+	// same way doubles the pause, with jitter, up to MaxUnavailableBackoff, and the first
+	// delivery that succeeds resumes receiving. Defaults 100ms and 10s. See [State].
+	UnavailableBackoff    time.Duration
+	MaxUnavailableBackoff time.Duration
+	// OnStateChange, when set, is called each time the consumer pauses for an unavailable
+	// dependency or resumes, with the new state (see [Consumer.State]): to page someone. It
+	// runs on a handler's goroutine, so it must return quickly.
+	OnStateChange func(ctx context.Context, s State)
+	// UnknownTypes says what becomes of a message whose event type has no handler here.
+	// Default [DeadLetterUnknownTypes]; see [UnknownTypePolicy] for which to pick when.
+	UnknownTypes UnknownTypePolicy
+	// HoldKeys makes a dead letter of this consumer hold its key, on transports that
+	// deliver a key in order: each later delivery of the key goes to the dead-letter table
+	// too (kind "held", its reason naming the entry that holds the key) until the key has
+	// no pending dead letter of this consumer, so replaying the key's entries restores its
+	// order. It costs one indexed query of the dead-letter table per keyed delivery, and
+	// needs a table that implements [deadletter.KeyHolds] (every adapter's does). Default
+	// false: a dead letter lets the key's next event be handled (the package
+	// documentation's "Keys after a dead letter" says what each choice means).
+	HoldKeys bool
 }
 
 func (c *Config) withDefaults() Config {
@@ -102,6 +187,8 @@ func (c *Config) withDefaults() Config {
 	defd(&out.MaxRetryBackoff, 5*time.Minute)
 	defd(&out.ShutdownTimeout, 30*time.Second)
 	defd(&out.AckTimeout, 5*time.Second)
+	defd(&out.UnavailableBackoff, 100*time.Millisecond)
+	defd(&out.MaxUnavailableBackoff, 10*time.Second)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -125,6 +212,17 @@ func (c *Config) validate() error {
 	if c.RetryBackoff < 0 || c.MaxRetryBackoff < c.RetryBackoff {
 		errs = append(errs, fmt.Errorf("backoffs must satisfy 0 <= RetryBackoff (%v) <= MaxRetryBackoff (%v)", c.RetryBackoff, c.MaxRetryBackoff))
 	}
+	if c.UnavailableBackoff <= 0 || c.MaxUnavailableBackoff < c.UnavailableBackoff {
+		errs = append(errs, fmt.Errorf("backoffs must satisfy 0 < UnavailableBackoff (%v) <= MaxUnavailableBackoff (%v)", c.UnavailableBackoff, c.MaxUnavailableBackoff))
+	}
+	if c.UnknownTypes < DeadLetterUnknownTypes || c.UnknownTypes > RetryUnknownTypes {
+		errs = append(errs, fmt.Errorf("UnknownTypes %v is not one of DeadLetterUnknownTypes, AcknowledgeUnknownTypes, RetryUnknownTypes", c.UnknownTypes))
+	}
+	if c.HoldKeys {
+		if _, ok := c.DeadLetters.(deadletter.KeyHolds); c.DeadLetters != nil && !ok {
+			errs = append(errs, fmt.Errorf("HoldKeys needs a DeadLetters table that implements deadletter.KeyHolds; %T does not", c.DeadLetters))
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("consumer: invalid Config: %w", errors.Join(errs...))
 	}
@@ -133,11 +231,13 @@ func (c *Config) validate() error {
 
 // Consumer receives messages and runs the handler registered for each event type.
 type Consumer struct {
-	recv     outbox.Receiver
-	cfg      Config
-	handlers map[string]MessageHandler
-	obs      consumerTelemetry
-	running  sync.Mutex
+	recv      outbox.Receiver
+	cfg       Config
+	handlers  map[string]MessageHandler
+	obs       consumerTelemetry
+	avail     availability
+	running   sync.Mutex
+	isRunning atomic.Bool
 }
 
 // New returns a consumer reading from r. Register handlers with [Handle] before Run.
@@ -156,6 +256,7 @@ func New(r outbox.Receiver, cfg *Config) (*Consumer, error) {
 		handlers: map[string]MessageHandler{},
 	}
 	cons.obs.init(&cons.cfg, r)
+	cons.avail.init(cons)
 	return cons, nil
 }
 
@@ -268,6 +369,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.New("consumer: Run called while running")
 	}
 	defer c.running.Unlock()
+	c.isRunning.Store(true)
+	defer c.isRunning.Store(false)
 
 	// Handlers outlive ctx by up to ShutdownTimeout, so in-flight work can finish.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -283,14 +386,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer p.close()
 	failures := 0
 	for ctx.Err() == nil {
+		// While a dependency is unavailable, receive only a probe now and then.
+		probe, ok := c.avail.wait(ctx)
+		if !ok {
+			continue
+		}
 		// Wait for a free slot, then receive no more than the free slots.
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
+			if probe {
+				c.avail.inconclusive(true)
+			}
 			continue
 		}
 		free := 1
-		for free < c.cfg.BatchSize {
+		for !probe && free < c.cfg.BatchSize {
 			select {
 			case slots <- struct{}{}:
 				free++
@@ -302,6 +413,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		ds, err := c.recv.Receive(ctx, free)
 		for range free - len(ds) {
 			<-slots
+		}
+		if probe && (err != nil || len(ds) == 0) {
+			c.avail.inconclusive(true) // nothing to probe with: try again after the backoff
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -318,7 +432,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		failures = 0
 		for _, d := range ds {
-			p.dispatch(d)
+			p.dispatch(d, probe)
 		}
 	}
 	return nil
@@ -326,9 +440,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // received is a delivery with its message, read once.
 type received struct {
-	d   outbox.Delivery
-	m   outbox.Message
-	err error // from d.Message: the delivery is malformed
+	d     outbox.Delivery
+	m     outbox.Message
+	err   error // from d.Message: the delivery is malformed
+	probe bool  // received as the probe of a paused consumer
 }
 
 // job is work for one of the pool's workers: a delivery without a key, or a key whose
@@ -357,8 +472,8 @@ type pool struct {
 }
 
 // dispatch has d handled by a worker, after any earlier delivery of its key.
-func (p *pool) dispatch(d outbox.Delivery) {
-	r := received{d: d}
+func (p *pool) dispatch(d outbox.Delivery, probe bool) {
+	r := received{d: d, probe: probe}
 	r.m, r.err = d.Message()
 	if r.err != nil || r.m.Key == "" {
 		p.submit(job{r: r})
@@ -428,27 +543,29 @@ func (c *Consumer) handle(ctx context.Context, r received) {
 	attempt := d.Attempt()
 	dest := c.obs.destination(d, m)
 	if r.err != nil {
-		c.deadLetter(ctx, d, malformed(m, r.err), attempt, dest)
+		c.deadLetter(ctx, r, malformed(m, r.err), attempt, dest)
 		return
 	}
 	ctx, span := c.obs.startProcess(ctx, m, dest, attempt)
+	defer span.End()
 	h, ok := c.handlers[m.Type]
 	if !ok {
-		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: deadletter.KindUnknownType,
-			Reason: fmt.Sprintf("no handler for event type %q", m.Type)}, attempt, dest)
-		span.End()
+		c.unknownType(ctx, r, attempt, dest)
+		return
+	}
+	if c.cfg.HoldKeys && m.Key != "" && c.holdKey(ctx, r, attempt, dest) {
 		return
 	}
 	run := &running{info: Info{Consumer: c.cfg.Name, Attempt: attempt}}
 	err := callHandler(context.WithValue(ctx, infoKey{}, run), h, m)
 	c.obs.processed(ctx, span, m, dest, start, err)
-	defer span.End()
 	if err == nil {
 		outcome := telemetry.Handled
 		if run.duplicate.Load() {
 			outcome = telemetry.Duplicate
 		}
 		c.obs.settled(ctx, m, dest, outcome)
+		c.avail.ok(ctx, m.ID, r.probe)
 		if err := c.ack(ctx, d); err != nil {
 			// Redelivery follows; an idempotent handler absorbs it.
 			c.obs.logFailure(ctx, "consumer: ack failed", m, attempt, err)
@@ -458,17 +575,23 @@ func (c *Consumer) handle(ctx context.Context, r received) {
 	switch {
 	case ctx.Err() != nil:
 		// Shutting down: leave the message to its visibility timeout, unacknowledged.
+		c.avail.inconclusive(r.probe)
 		c.obs.log.LogAttrs(ctx, slog.LevelInfo, "consumer: handler interrupted by shutdown", eventAttrs(m, attempt)...)
+	case outbox.IsUnavailable(err):
+		// Not the message's fault: whatever its attempt count, it waits for the outage
+		// to end, and the consumer pauses.
+		c.unavailable(ctx, r, dest, err)
 	case outbox.IsPermanent(err):
 		kind := deadletter.KindPermanent
 		if errors.As(err, new(*undecodable)) {
 			kind = deadletter.KindUndecodable
 		}
-		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: kind, Reason: err.Error()}, attempt, dest)
-	case attempt >= c.cfg.MaxAttempts:
-		c.deadLetter(ctx, d, deadletter.Entry{Message: m, Kind: deadletter.KindGaveUp,
+		c.deadLetter(ctx, r, deadletter.Entry{Message: m, Kind: kind, Reason: err.Error()}, attempt, dest)
+	case c.avail.discount(m.ID, attempt) >= c.cfg.MaxAttempts:
+		c.deadLetter(ctx, r, deadletter.Entry{Message: m, Kind: deadletter.KindGaveUp,
 			Reason: fmt.Sprintf("gave up after %d attempts: %v", attempt, err)}, attempt, dest)
 	default:
+		c.avail.inconclusive(r.probe)
 		delay, ok := outbox.RetryDelay(err)
 		if !ok {
 			delay = outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
@@ -478,6 +601,21 @@ func (c *Consumer) handle(ctx context.Context, r received) {
 		if err := c.nack(ctx, d, delay); err != nil {
 			c.obs.logFailure(ctx, "consumer: nack failed; the message reappears after its visibility timeout", m, attempt, err)
 		}
+	}
+}
+
+// unavailable settles r, which failed with err for reasons of what the consumer depends
+// on: it pauses the consumer and nacks r to come back about when the next probe goes,
+// never acknowledging it.
+func (c *Consumer) unavailable(ctx context.Context, r received, dest string, err error) {
+	c.avail.failed(ctx, r.m.ID, r.probe, err)
+	delay, ok := outbox.RetryDelay(err)
+	if !ok {
+		delay = c.avail.delay()
+	}
+	c.obs.settled(ctx, r.m, dest, telemetry.Unavailable)
+	if err := c.nack(ctx, r.d, delay); err != nil {
+		c.obs.logFailure(ctx, "consumer: nack failed; the message reappears after its visibility timeout", r.m, r.d.Attempt(), err)
 	}
 }
 
@@ -508,27 +646,29 @@ func malformed(partial outbox.Message, err error) deadletter.Entry {
 	return e
 }
 
-// deadLetter records e (the entry of d, Stage, Consumer, Attempts and times filled in here)
-// and acknowledges d. The table stores any content (see the deadletter package), so a
-// failure means it is unreachable: d is then retried with backoff.
-func (c *Consumer) deadLetter(ctx context.Context, d outbox.Delivery, e deadletter.Entry, attempt int, dest string) {
+// deadLetter records e (the entry of r, Stage, Consumer, Attempts and times filled in
+// here) and acknowledges r. The table stores any content (see the deadletter package), so a
+// failure means it is unreachable: that is no fault of the message, which is nacked, never
+// acknowledged, and the consumer pauses as for any unavailable dependency.
+func (c *Consumer) deadLetter(ctx context.Context, r received, e deadletter.Entry, attempt int, dest string) {
 	now := time.Now().UTC()
 	e.Stage, e.Consumer, e.Attempts, e.FirstFailedAt, e.LastFailedAt = deadletter.StageConsumer, c.cfg.Name, attempt, now, now
 	err := c.cfg.DeadLetters.Add(ctx, e)
 	m := e.Message
+	if err != nil {
+		c.obs.logFailure(ctx, "consumer: writing a dead letter failed; the message will be retried", m, attempt,
+			fmt.Errorf("kind %s, reason %q: %w", e.Kind, e.Reason, err))
+		c.unavailable(ctx, r, dest, fmt.Errorf("consumer: writing a dead letter: %w", err))
+		return
+	}
 	attrs := append(eventAttrs(m, attempt), slog.String("kind", string(e.Kind)), slog.String("reason", e.Reason))
 	if e.BrokerMessageID != "" {
 		attrs = append(attrs, slog.String("broker_message_id", e.BrokerMessageID))
 	}
-	if err != nil {
-		c.obs.log.LogAttrs(ctx, slog.LevelError, "consumer: writing a dead letter failed; will retry the message", append(attrs, slog.Any("err", err))...)
-		c.obs.settled(ctx, m, dest, telemetry.Failed)
-		_ = c.nack(ctx, d, outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff))
-		return
-	}
 	c.obs.log.LogAttrs(ctx, slog.LevelError, "consumer: message dead-lettered", attrs...)
 	c.obs.deadLettered(ctx, e, dest)
-	if err := c.ack(ctx, d); err != nil {
+	c.avail.ok(ctx, m.ID, r.probe)
+	if err := c.ack(ctx, r.d); err != nil {
 		c.obs.logFailure(ctx, "consumer: ack of a dead-lettered message failed", m, attempt, err)
 	}
 }

@@ -375,27 +375,13 @@ func TestAckTimeoutFreesTheKey(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	for _, e := range []outbox.Encodable{outbox.New(Paid{1}, outbox.WithKey("k")), outbox.New(Paid{2}, outbox.WithKey("k"))} {
-		m, err := e.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := q.Send(context.Background(), []outbox.Message{m}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- c.Run(ctx) }()
+	stop := sendAndRun(t, q, c, outbox.New(Paid{1}, outbox.WithKey("k")), outbox.New(Paid{2}, outbox.WithKey("k")))
 	outboxtest.WaitFor(t, 10*time.Second, "the key's second event to be handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Contains(handled, 2)
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if returned, err := r.result(); !returned || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("the hanging Ack returned %v with %v, want context.DeadlineExceeded after AckTimeout", returned, err)
 	}

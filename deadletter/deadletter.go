@@ -67,6 +67,11 @@ const (
 	KindUnknownType Kind = "unknown-type"
 	// KindUndecodable: the body does not decode into the handler's payload type.
 	KindUndecodable Kind = "undecodable"
+	// KindHeld: a consumer that holds keys (consumer.Config.HoldKeys) did not handle the
+	// event because an earlier event of its key is a pending dead letter of that consumer,
+	// or is being replayed; the reason names that entry. Replay it after the entry that
+	// holds the key, as [KeyHolds] describes.
+	KindHeld Kind = "held"
 )
 
 // Entry is one dead letter.
@@ -146,6 +151,33 @@ var ErrNotReplayable = errors.New("deadletter: entry cannot be replayed as an ev
 // Writer adds dead letters; the consumer runtime writes through it.
 type Writer interface {
 	Add(ctx context.Context, e Entry) error
+}
+
+// KeyHolds is an optional interface of a [Table], which every adapter's table has: a
+// consumer that holds keys (consumer.Config.HoldKeys) asks it, for each keyed delivery,
+// whether an earlier event of the key stands in the table ahead of it.
+//
+// HeldBy returns the ID of the consumer-stage entry of consumer that holds key ahead of
+// event (published at the event's CreatedAt), or 0 when the event may be handled. Entries
+// of that consumer and key decide, by their IDs, which is the order in which the consumer
+// dead-lettered them, i.e. the key's order:
+//
+//   - An event with no replayed entry (a new event) is held by the key's oldest pending
+//     entry. With none pending, it is still held by a replayed entry whose event was
+//     published before it and which was replayed after it was published: the event
+//     reached the broker while the key was held, the replayed events come behind it, and
+//     it must go after them.
+//   - An event that was replayed takes the place of its first entry: it is held only by
+//     a pending entry older than that place, or by a pending entry of an event whose own
+//     place is older (an earlier event that failed again after its replay).
+//
+// So the key's pending entries can be replayed in any order, one at a time or all at
+// once: an event that comes back before the events ahead of it is held again, keeping its
+// place, and the key is released once every entry is replayed or discarded. The times
+// compare the producer's clock (CreatedAt) with the database's (the replay), so clocks
+// should agree to well under the time between a key's events.
+type KeyHolds interface {
+	HeldBy(ctx context.Context, consumer, key string, event uuid.UUID, published time.Time) (int64, error)
 }
 
 // Table is the dead-letter table of one outbox.

@@ -47,6 +47,12 @@ type GroupConfig struct {
 // it still gets the consumer's retries and dead-lettering; a panic in h reaches its own
 // event's caller (the consumer turns it into a permanent error).
 //
+// One failure is not retried event by event: an error that [outbox.IsUnavailable] reports
+// (the database down, or an error h marked with [outbox.Unavailable]). A transaction per
+// event would only fail the same way, many times over; every event of the batch returns
+// that error instead, and the consumer pauses and retries them without counting an
+// attempt, as it does for Once.
+//
 // h receives each event's own ctx, so consumer.InfoFrom and tracing work as usual; the
 // batch's own statements (BEGIN, the keys' insert, COMMIT) run on the ctx of the event that
 // leads it. A call whose ctx ends while it waits for a batch returns ctx.Err() and is not
@@ -108,6 +114,7 @@ type groupItem[T outbox.Payload] struct {
 	key   Key
 	state itemState   // guarded by Group.mu
 	sig   chan signal // receives at most one signal; buffered, so senders never block
+	err   error       // with sigUnavailable: the batch's error (written before the signal)
 }
 
 type itemState uint8
@@ -121,9 +128,10 @@ const (
 type signal uint8
 
 const (
-	sigLead      signal = iota + 1 // lead the next batch
-	sigCommitted                   // the batch committed: the event is handled
-	sigAlone                       // the batch rolled back: handle the event in its own transaction
+	sigLead        signal = iota + 1 // lead the next batch
+	sigCommitted                     // the batch committed: the event is handled
+	sigAlone                         // the batch rolled back: handle the event in its own transaction
+	sigUnavailable                   // the batch failed for unavailability (err): so does the event
 )
 
 // Handle handles e in the next batch (a consumer.Handler).
@@ -202,6 +210,8 @@ func (g *Group[TTx, T]) follow(it *groupItem[T], s signal) error {
 		return g.lead(it)
 	case sigCommitted:
 		return nil
+	case sigUnavailable:
+		return it.err
 	default:
 		return g.single(it.ctx, it.e)
 	}
@@ -241,14 +251,25 @@ func (g *Group[TTx, T]) lead(me *groupItem[T]) error {
 	err := g.runBatch(me.ctx, batch)
 	g.finish(n) // first, so the next batch starts while this one's calls return
 	s := sigCommitted
-	if err != nil {
+	switch {
+	case err == nil:
+	case outbox.IsUnavailable(err):
+		// The database (or what h marked unavailable) is down: a transaction per event
+		// would only fail the same way, many times over. Every event gets the error, and
+		// the consumer pauses and retries them, counting no attempt.
+		s = sigUnavailable
+	default:
 		s = sigAlone
 	}
 	for _, it := range batch[1:] {
+		it.err = err
 		it.sig <- s
 	}
 	delivered = true
-	if err != nil {
+	switch s {
+	case sigUnavailable:
+		return err
+	case sigAlone:
 		return g.single(me.ctx, me.e)
 	}
 	return nil

@@ -2,8 +2,10 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,5 +136,50 @@ func TestGroupWaitsUntilABatchIsWorthATransaction(t *testing.T) {
 	release(3, 4, 5, 6, 7, 8)
 	if got, want := in.sizes(), []int{1, 1, 3, 3}; !slices.Equal(got, want) {
 		t.Fatalf("batches of %v events, want %v", got, want)
+	}
+}
+
+// downInbox is an inbox whose database is down: every transaction fails to begin with an
+// error marked unavailable, the first only once gate is closed.
+type downInbox struct {
+	memInbox
+	gate chan struct{}
+	txs  atomic.Int64
+}
+
+func (d *downInbox) InTx(context.Context, func(struct{}) error) error {
+	if d.txs.Add(1) == 1 {
+		<-d.gate
+	}
+	return outbox.Unavailable(errors.New("dial tcp 127.0.0.1:5432: connect: connection refused (test)"))
+}
+
+// TestGroupUnavailableFailsEveryEventWithoutRetryingAlone: a batch that fails because the
+// database is down returns that error to each of its events, marked unavailable, instead
+// of trying each again in a transaction of its own (which would fail the same way).
+func TestGroupUnavailableFailsEveryEventWithoutRetryingAlone(t *testing.T) {
+	t.Parallel()
+	in := &downInbox{gate: make(chan struct{})}
+	g := idempotency.NewGroup[struct{}, step](in, func(context.Context, struct{}, outbox.Event[step]) error { return nil },
+		&idempotency.GroupConfig{MaxTransactions: 1})
+	ctx := consumer.WithInfo(context.Background(), consumer.Info{Consumer: "c", Attempt: 1})
+	results := make(chan error, 4)
+	var wg sync.WaitGroup
+	wg.Go(func() { results <- g.Handle(ctx, outbox.New(step{0})) }) // alone, holding the one transaction
+	outboxtest.WaitFor(t, 10*time.Second, "the first transaction to begin", func() bool { return in.txs.Load() == 1 })
+	for n := range 3 {
+		wg.Go(func() { results <- g.Handle(ctx, outbox.New(step{n + 1})) })
+	}
+	outboxtest.WaitFor(t, 10*time.Second, "three events to wait for a batch", func() bool { return g.Waiting() == 3 })
+	close(in.gate)
+	wg.Wait()
+	close(results)
+	for err := range results {
+		if !outbox.IsUnavailable(err) {
+			t.Errorf("an event returned %v, want the unavailable error", err)
+		}
+	}
+	if got := in.txs.Load(); got != 2 {
+		t.Errorf("%d transactions, want 2: the first event's and the batch's, none again per event", got)
 	}
 }

@@ -95,6 +95,10 @@ func ExerciseIdempotency[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 		t.Parallel()
 		deadLetterListReplayDiscard(t, newFixture(t))
 	})
+	t.Run("KeyHold", func(t *testing.T) {
+		t.Parallel()
+		keyHold(t, newFixture(t))
+	})
 	t.Run("NeedsConsumerName", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)

@@ -78,7 +78,9 @@ func Meter(mp metric.MeterProvider) metric.Meter {
 // Attribute keys of txoutbox's own metrics and spans.
 const (
 	// OutcomeKey is how the consumer settled a delivery: "handled", "duplicate", "failed"
-	// (nacked for a retry) or "dead_lettered".
+	// (nacked for a retry), "dead_lettered", "unavailable" (nacked while a dependency is
+	// down, no attempt counted), "ignored" (an unknown type acknowledged) or "no_handler"
+	// (an unknown type nacked until a handler exists).
 	OutcomeKey = attribute.Key("txoutbox.outcome")
 	// StageKey is where a dead letter came from: "relay" or "consumer".
 	StageKey = attribute.Key("txoutbox.stage")
@@ -101,6 +103,9 @@ const (
 	Duplicate    = "duplicate"
 	Failed       = "failed"
 	DeadLettered = "dead_lettered"
+	Unavailable  = "unavailable"
+	Ignored      = "ignored"
+	NoHandler    = "no_handler"
 )
 
 // durationBuckets are the semantic conventions' advice for messaging durations, in seconds.
@@ -158,7 +163,7 @@ func NewInstruments(m metric.Meter) (*Instruments, error) {
 	i.ProcessDuration, err = messagingconv.NewProcessDuration(m, metric.WithExplicitBucketBoundaries(durationBuckets...))
 	keep(err)
 	i.Consumed, err = m.Int64Counter("txoutbox.consumer.messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Deliveries settled by a consumer, by outcome: handled, duplicate (an inbox hit), failed (to be retried), dead_lettered."))
+		metric.WithDescription("Deliveries settled by a consumer, by outcome: handled, duplicate (an inbox hit), failed (to be retried), dead_lettered, unavailable (retried while a dependency is down), ignored (an unknown type acknowledged), no_handler (an unknown type retried)."))
 	keep(err)
 	i.DeadLetters, err = m.Int64Counter("txoutbox.dead_letters.added", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages written to the dead-letter table, by stage and kind."))

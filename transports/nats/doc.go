@@ -20,6 +20,14 @@
 // SDK. Each event type goes to a subject: by default "events." followed by the type
 // ("events.orders.created"); see [SenderConfig] to route differently.
 //
+// A stream usually captures every subject under the prefix ("events.>"), shared by all
+// event types. A consumer that handles only some of them can receive only those: give its
+// durable consumer the subjects they are published to as filters ([Topology].FilterSubjects,
+// built by [SubjectsFor] from the event types and the Sender's routing, so the two agree).
+// One filter subject works on every nats-server with JetStream ("events.orders.>" covers a
+// family of types); several need nats-server 2.10 or later. Without filters, the consumer
+// runtime's Config.UnknownTypes decides what becomes of the other types.
+//
 // A [Receiver] reads through a durable pull consumer with explicit acks. Attempt is the
 // consumer's delivery count; Ack waits for the server to confirm it (JetStream's double
 // ack) unless [ReceiverConfig].AsyncAck is set; Nack is a negative ack with a delay.

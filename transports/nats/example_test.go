@@ -108,3 +108,20 @@ func ExampleNewSender_routing() {
 		fmt.Println(typ, "→", subject)
 	}
 }
+
+// A consumer that handles a few of the types on a shared stream receives only those: its
+// durable consumer filters on the subjects the Sender publishes them to. (One subject works
+// on every nats-server; several need 2.10 or later.)
+func ExampleSubjectsFor() {
+	// The relay's routing: "events." and the type, one type to a fixed subject.
+	routing := &outboxnats.SenderConfig{Subjects: map[string]string{"orders.placed": "orders.v2.placed"}}
+	placed, _ := outbox.EventTypeOf[orderPlaced]()
+	subjects, err := outboxnats.SubjectsFor(routing, placed, "orders.cancelled")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Then, with a JetStream context:
+	//   outboxnats.Provision(ctx, js, outboxnats.Topology{Stream: "EVENTS", Consumer: "billing", FilterSubjects: subjects})
+	fmt.Println(subjects)
+	// Output: [orders.v2.placed events.orders.cancelled]
+}
