@@ -177,7 +177,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	}
 	nc := s.js.Conn()
 	if !nc.IsConnected() {
-		return fmt.Errorf("outboxnats: cannot send %d message(s): the connection is %s: %w", len(msgs), nc.Status(), nats.ErrDisconnected)
+		return outbox.Unavailable(fmt.Errorf("outboxnats: cannot send %d message(s): the connection is %s: %w", len(msgs), nc.Status(), nats.ErrDisconnected))
 	}
 	limit, limitName := s.limit()
 	// A message to publish again (after a no-responders reply) is encoded anew: the Send
@@ -185,7 +185,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	rebuild := func(i int) (*nats.Msg, error) { return s.encode(msgs[i], limit, limitName, nil) }
 	p, err := s.acks.start(nc, len(msgs), s.onAck != nil, rebuild)
 	if err != nil {
-		return err
+		return markBrokerFault(err)
 	}
 	defer s.acks.finish(p)
 
@@ -240,9 +240,12 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		}
 	}
 	if stopped == len(msgs) {
-		return fmt.Errorf("outboxnats: sending %d message(s): %w", len(msgs), stop)
+		return markBrokerFault(fmt.Errorf("outboxnats: sending %d message(s): %w", len(msgs), stop))
 	}
 	if len(failed) > 0 {
+		for i, err := range failed {
+			failed[i] = markBrokerFault(err)
+		}
 		return &outbox.BatchError{Failed: failed}
 	}
 	return nil
