@@ -235,6 +235,9 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		s.judgeRefused(ctx, msgs, recs, refused, failed)
 	}
 	if len(failed) > 0 {
+		for i, err := range failed {
+			failed[i] = markBrokerFault(err)
+		}
 		return &outbox.BatchError{Failed: failed}
 	}
 	return nil
