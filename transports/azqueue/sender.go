@@ -195,7 +195,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	wg.Wait()
 	for j, err := range errs {
 		if err != nil {
-			failed[jobs[j].index] = err
+			failed[jobs[j].index] = markBrokerFault(err)
 		}
 	}
 	if len(failed) > 0 {
@@ -223,6 +223,7 @@ func (s *Sender) enqueue(ctx context.Context, m outbox.Message, queue, text stri
 	case err == nil:
 		return nil
 	case queueerror.HasCode(err, queueerror.QueueNotFound):
+		// Not the message's fault: the relay waits for the queue (isBrokerFault).
 		return fmt.Errorf("outboxazqueue: sending message %s: queue %q does not exist (create it, or call Sender.CreateQueues): %w", m.ID, queue, err)
 	case queueerror.HasCode(err, queueerror.RequestBodyTooLarge, queueerror.MessageTooLarge):
 		// The size check before sending should make this unreachable; keep it permanent.
