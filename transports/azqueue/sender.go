@@ -157,7 +157,8 @@ func (s *Sender) CreateQueues(ctx context.Context) error {
 // were accepted, or an [*outbox.BatchError] naming the ones that failed. Messages that can
 // never be sent (over the 64 KiB limit, no route) fail before any request is made, with
 // permanent errors (the first wraps [outbox.ErrTooLarge]), so the relay dead-letters them
-// and the rest of the batch is delivered.
+// and the rest of the batch is delivered. Failures that are the service's or the
+// connection's are marked outbox.Unavailable (see the package's Outages section).
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err

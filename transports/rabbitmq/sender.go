@@ -172,7 +172,9 @@ type outgoing struct {
 // batch when none could be published (the broker is unreachable). A message fails when the
 // broker nacks it, returns it as unroutable (no queue is bound for its routing key), or its
 // confirm never comes (the connection dropped, or ctx ended): it may still have been
-// stored, and the relay's retry makes it a duplicate the consumer's inbox absorbs. A
+// stored, and the relay's retry makes it a duplicate the consumer's inbox absorbs.
+// Failures that are the broker's or the connection's — all of these but the unroutable
+// return — are marked outbox.Unavailable (see the package's Outages section). A
 // message over MaxMessageBytes, or that cannot be routed or encoded, is not sent and fails
 // permanently (outbox.ErrTooLarge for size); the rest of the batch is sent all the same.
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {

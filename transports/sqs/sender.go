@@ -74,7 +74,8 @@ type call struct {
 // once. It returns nil when SQS accepted every message, an *outbox.BatchError naming the
 // ones it did not, or the error of the only call when that call failed whole. Messages over
 // MaxMessageBytes, of an unrouted type, or that SQS cannot carry fail permanently without
-// being sent.
+// being sent. Failures that are SQS's, the endpoint's or the connection's are marked
+// outbox.Unavailable (see the package's Outages section).
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if len(msgs) == 0 {
 		return nil
