@@ -9,6 +9,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azqueue/v2/queueerror"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/brokerfault"
 )
 
 // brokerCodes are the Queue Storage error codes of the service's, the account's or the
@@ -62,9 +63,4 @@ func isBrokerFault(err error) bool {
 
 // markBrokerFault returns err marked with outbox.Unavailable when it is the broker's fault
 // (isBrokerFault), else err as it is: a permanent error stays permanent.
-func markBrokerFault(err error) error {
-	if outbox.IsPermanent(err) || errors.Is(err, outbox.ErrUnavailable) || !isBrokerFault(err) {
-		return err
-	}
-	return outbox.Unavailable(err)
-}
+func markBrokerFault(err error) error { return brokerfault.Mark(err, isBrokerFault) }

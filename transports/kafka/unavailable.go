@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/brokerfault"
 )
 
 // recordErrs are the broker's refusals of one record: its size, its checksum or format, its
@@ -37,33 +38,14 @@ func isBrokerFault(err error) bool {
 	if err == nil {
 		return false
 	}
-	for _, e := range recordErrs {
-		if errors.Is(err, e) {
-			return false
-		}
-	}
-	if kerr.IsRetriable(err) || kgo.IsRetryableBrokerErr(err) {
-		return true
+	if brokerfault.IsAny(err, recordErrs...) {
+		return false
 	}
 	var firstRead *kgo.ErrFirstReadEOF // the connection closed at once: TLS or SASL mismatch
-	if errors.As(err, &firstRead) {
-		return true
-	}
-	for _, group := range [][]error{brokerKerrs, clientErrs} {
-		for _, e := range group {
-			if errors.Is(err, e) {
-				return true
-			}
-		}
-	}
-	return outbox.IsUnavailable(err)
+	return kerr.IsRetriable(err) || kgo.IsRetryableBrokerErr(err) || errors.As(err, &firstRead) ||
+		brokerfault.IsAny(err, brokerKerrs...) || brokerfault.IsAny(err, clientErrs...) || outbox.IsUnavailable(err)
 }
 
 // markBrokerFault returns err marked with outbox.Unavailable when it is the broker's fault
 // (isBrokerFault), else err as it is: a permanent error stays permanent.
-func markBrokerFault(err error) error {
-	if outbox.IsPermanent(err) || errors.Is(err, outbox.ErrUnavailable) || !isBrokerFault(err) {
-		return err
-	}
-	return outbox.Unavailable(err)
-}
+func markBrokerFault(err error) error { return brokerfault.Mark(err, isBrokerFault) }

@@ -2,13 +2,12 @@ package outboxnats_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -149,13 +148,13 @@ func TestChaosBrokerOutage(t *testing.T) {
 	before := pl.sender.stats()
 	const outage = 1500 * time.Millisecond
 	killedAt := time.Now()
-	srv.kill()
+	srv.Kill()
 	outboxtest.WaitFor(t, 10*time.Second, "a relay send to fail while the broker is down", func() bool {
 		return pl.sender.stats().failed > before.failed
 	})
 	time.Sleep(time.Until(killedAt.Add(outage))) // the outage lasts this long, whatever happens meanwhile
 	pendingAtRestart := p.Count(t, "outbox")
-	srv.start()
+	srv.Start()
 	restartedAt := time.Now()
 	outboxtest.WaitFor(t, 30*time.Second, "both connections to reconnect", func() bool {
 		return ncRelay.IsConnected() && ncCons.IsConnected()
@@ -833,16 +832,9 @@ func (l *logCounter) samples() map[string]string {
 }
 
 // natsServer is a private nats-server process with JetStream on file storage, for tests
-// that kill the broker. It is SIGKILLed at cleanup.
-type natsServer struct {
-	t       *testing.T
-	bin     string
-	port    int
-	dir     string
-	logPath string
-	cmd     *exec.Cmd
-	exited  chan error
-}
+// that kill the broker: Kill SIGKILLs it, Start starts it again on the same port and store
+// directory. It is SIGKILLed at cleanup.
+type natsServer struct{ *outboxtest.Process }
 
 func startNATSServer(t *testing.T) *natsServer {
 	t.Helper()
@@ -853,79 +845,13 @@ func startNATSServer(t *testing.T) *natsServer {
 		}
 		bin = "/usr/sbin/nats-server"
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	dir := t.TempDir()
-	s := &natsServer{t: t, bin: bin, port: port, dir: dir, logPath: dir + "/nats-server.log"}
-	t.Cleanup(func() {
-		s.kill()
-		if t.Failed() {
-			if b, err := os.ReadFile(s.logPath); err == nil {
-				t.Logf("nats-server log (last 3000 bytes):\n%s", b[max(0, len(b)-3000):])
-			}
-		}
-	})
-	s.start()
-	return s
+	store := filepath.Join(t.TempDir(), "store")
+	return &natsServer{outboxtest.StartProcess(t, "nats-server", 10*time.Second, func(port int) *exec.Cmd {
+		return exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", store)
+	})}
 }
 
-func (s *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
-
-// start starts the server on its port and store directory and waits until it accepts
-// connections.
-func (s *natsServer) start() {
-	t := s.t
-	t.Helper()
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	s.cmd = exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir+"/store")
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.exited = make(chan error, 1)
-	go func(cmd *exec.Cmd, exited chan<- error) { exited <- cmd.Wait() }(s.cmd, s.exited)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case err := <-s.exited:
-			s.exited <- err
-			t.Fatalf("nats-server exited at start: %v (its log is below)", err)
-		default:
-		}
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.port), 100*time.Millisecond)
-		if err == nil {
-			_ = c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats-server did not listen on port %d within 10s: %v", s.port, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// kill SIGKILLs the server, if running, and reaps it.
-func (s *natsServer) kill() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	if err := <-s.exited; err != nil {
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) {
-			s.t.Errorf("waiting for nats-server: %v", err)
-		}
-	}
-	s.cmd = nil
-}
+func (s *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.Port) }
 
 // connectPrivate connects to s, reconnecting forever and quickly, closed at cleanup.
 func connectPrivate(t *testing.T, s *natsServer, name string) (*nats.Conn, jetstream.JetStream) {

@@ -96,8 +96,8 @@ func natsOutage(t *testing.T, top outboxnats.Topology) *outboxtest.OutageFixture
 		Sender:   d.sender,
 		Receiver: d.receiver,
 		Features: outboxnats.Features(d.sender, d.stream.CachedInfo().Config, d.consumer.CachedInfo().Config),
-		Stop:     func(testing.TB) { srv.kill() },
-		Start:    func(testing.TB) { srv.start() },
+		Stop:     func(testing.TB) { srv.Kill() },
+		Start:    func(testing.TB) { srv.Start() },
 		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
 			return pgxtest.New(t, "outboxnats").Pipeline(t, d.sender, d.receiver)
 		},

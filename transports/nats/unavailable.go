@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/brokerfault"
 )
 
 // brokerErrs are the client's errors for a connection or server that cannot take a
@@ -47,19 +48,9 @@ func isBrokerFault(err error) bool {
 	if errors.As(err, &api) {
 		return api.Code >= 500 || brokerErrorCodes[api.ErrorCode]
 	}
-	for _, b := range brokerErrs {
-		if errors.Is(err, b) {
-			return true
-		}
-	}
-	return outbox.IsUnavailable(err)
+	return brokerfault.IsAny(err, brokerErrs...) || outbox.IsUnavailable(err)
 }
 
 // markBrokerFault returns err marked with outbox.Unavailable when it is the broker's fault
 // (isBrokerFault), else err as it is: a permanent error stays permanent.
-func markBrokerFault(err error) error {
-	if outbox.IsPermanent(err) || errors.Is(err, outbox.ErrUnavailable) || !isBrokerFault(err) {
-		return err
-	}
-	return outbox.Unavailable(err)
-}
+func markBrokerFault(err error) error { return brokerfault.Mark(err, isBrokerFault) }

@@ -109,8 +109,8 @@ func rabbitOutage(t *testing.T, top outboxamqp.Topology, scfg outboxamqp.SenderC
 		Sender:   d.sender,
 		Receiver: d.receiver,
 		Features: outboxamqp.Features(d.sender, d.top),
-		Stop:     func(testing.TB) { node.kill() },
-		Start:    func(testing.TB) { node.start() },
+		Stop:     func(testing.TB) { node.Kill() },
+		Start:    func(testing.TB) { node.Start() },
 		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
 			return pgxtest.New(t, "outboxamqp").Pipeline(t, d.sender, d.receiver)
 		},

@@ -7,6 +7,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/brokerfault"
 )
 
 // messageCodes are the AMQP reply codes with which the broker may refuse what one message
@@ -51,9 +52,4 @@ func isBrokerFault(err error) bool {
 
 // markBrokerFault returns err marked with outbox.Unavailable when it is the broker's fault
 // (isBrokerFault), else err as it is: a permanent error stays permanent.
-func markBrokerFault(err error) error {
-	if outbox.IsPermanent(err) || errors.Is(err, outbox.ErrUnavailable) || !isBrokerFault(err) {
-		return err
-	}
-	return outbox.Unavailable(err)
-}
+func markBrokerFault(err error) error { return brokerfault.Mark(err, isBrokerFault) }

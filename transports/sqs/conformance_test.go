@@ -123,14 +123,7 @@ func sqsOutage(t *testing.T, fifo bool) *outboxtest.OutageFixture {
 		return *out.QueueUrl
 	}
 	url := create(t)
-	s, err := outboxsqs.NewSender(c, &outboxsqs.SenderConfig{QueueURL: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := outboxsqs.NewReceiver(c, &outboxsqs.ReceiverConfig{QueueURL: url, WaitTime: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, r := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url}), newReceiver(t, c, url)
 	return &outboxtest.OutageFixture{
 		Sender:   s,
 		Receiver: r,

@@ -14,6 +14,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/brokerfault"
 )
 
 // brokerCodes are the SQS error codes of the service's state, the queue's or the
@@ -78,12 +79,7 @@ func isBrokerFault(err error) bool {
 
 // markBrokerFault returns err marked with outbox.Unavailable when it is the broker's fault
 // (isBrokerFault), else err as it is: a permanent error stays permanent.
-func markBrokerFault(err error) error {
-	if outbox.IsPermanent(err) || errors.Is(err, outbox.ErrUnavailable) || !isBrokerFault(err) {
-		return err
-	}
-	return outbox.Unavailable(err)
-}
+func markBrokerFault(err error) error { return brokerfault.Mark(err, isBrokerFault) }
 
 // isBrokerEntryFault reports whether SQS failed one entry of a batch for reasons of its
 // own (the entry's error is not the sender's fault, or is one of brokerCodes, such as a
