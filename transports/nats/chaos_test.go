@@ -265,11 +265,12 @@ func (pl *chaosPipeline) start() {
 			// A write-back lost to the chaos leaves its batch leased: a short lease gets it
 			// re-sent (and deduplicated by the stream) soon.
 			Lease: 2 * time.Second,
-			// Attempts count outages here, not faults of the events. Retries run 10× faster
-			// than the default (100 ms up to 1 s instead of 1 s up to 5 min), so the default
-			// 10 attempts would span a few seconds, about the outage itself (runs claimed
-			// up to 7 attempts): 100 span over a minute, like the default budget in time,
-			// and no healthy event is dead-lettered.
+			// Attempts count the database's chaos here, not faults of the events: a claim
+			// whose write-back is lost has spent its attempts (a broker outage spends none:
+			// the sender marks it outbox.Unavailable). Retries run 10× faster than the
+			// default (100 ms up to 1 s instead of 1 s up to 5 min), so the default 10
+			// attempts would span a few seconds: 100 span over a minute, like the default
+			// budget in time, and no healthy event is dead-lettered.
 			RetryBackoff:    100 * time.Millisecond,
 			MaxRetryBackoff: time.Second,
 			MaxAttempts:     100,
