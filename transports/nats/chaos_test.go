@@ -90,7 +90,7 @@ func TestChaosDatabaseConnectionsKilled(t *testing.T) {
 		// window, and the broker never restarted: dedup is deterministic here.
 		t.Errorf("the stream stored %d duplicate messages; Nats-Msg-Id dedup should have absorbed every re-send", res.streamDuplicates)
 	}
-	if pl.logs.count(relayCycleFailed) == 0 && pl.logs.count("consumer: handler failed, will retry") == 0 {
+	if pl.logs.count(relayDatabaseDown) == 0 && pl.logs.count("consumer: handler failed, will retry") == 0 {
 		t.Error("neither the relays nor the consumer saw a database error: the chaos did not reach the pipeline")
 	}
 }
@@ -214,8 +214,10 @@ type chaosPipeline struct {
 }
 
 const (
-	chaosConsumer    = "chaos"
-	relayCycleFailed = "outbox relay: cycle failed" // the relay's log message
+	chaosConsumer = "chaos"
+	// relayDatabaseDown begins the relay's log message when a claim or write-back fails
+	// (the relay then pauses and probes the database).
+	relayDatabaseDown = "outbox relay: database unavailable"
 )
 
 func newChaosPipeline(t *testing.T, p *pgxtest.Outbox, s chaosSetup) *chaosPipeline {
@@ -265,6 +267,10 @@ func (pl *chaosPipeline) start() {
 			// A write-back lost to the chaos leaves its batch leased: a short lease gets it
 			// re-sent (and deduplicated by the stream) soon.
 			Lease: 2 * time.Second,
+			// A claim or write-back that fails pauses the relay until a probe gets through:
+			// probing often keeps the relays at the database while the chaos lasts.
+			UnavailableBackoff:    10 * time.Millisecond,
+			MaxUnavailableBackoff: 100 * time.Millisecond,
 			// Attempts count the database's chaos here, not faults of the events: a claim
 			// whose write-back is lost has spent its attempts (a broker outage spends none:
 			// the sender marks it outbox.Unavailable). Retries run 10× faster than the
@@ -629,9 +635,9 @@ func (pl *chaosPipeline) logStats(res chaosResult) {
 	t.Logf("events: %d committed, %d rolled back (%d transactions: %d rolled back, %d killed before their commit)",
 		res.committed, res.rolledBack, pl.txs, pl.rollbacks, pl.killedTxs)
 	t.Logf("relays: %d sends (%d failed) of %d messages; %d stream acks, %d of them for re-sends the stream deduplicated; "+
-		"%d failed cycles (%d claims, %d write-backs); highest attempt claimed %d",
-		ss.calls, ss.failed, ss.msgs, acks, dupAcks, pl.logs.count(relayCycleFailed),
-		pl.logs.count(relayCycleFailed+" (claim)"), pl.logs.count(relayCycleFailed+" (write-back)"), pl.store.highestAttempt())
+		"database unavailable %d times (%d in a claim, %d in a write-back); highest attempt claimed %d",
+		ss.calls, ss.failed, ss.msgs, acks, dupAcks, pl.logs.count(relayDatabaseDown),
+		pl.logs.count(relayDatabaseDown+" (claim)"), pl.logs.count(relayDatabaseDown+" (write-back)"), pl.store.highestAttempt())
 	t.Logf("consumer: %d handler calls for %d events, %d of them redeliveries by attempt count; %d handler failures, %d failed acks, "+
 		"%d failed receives; highest attempt %d",
 		pl.handled.calls(), pl.handled.len(), pl.receiver.redeliveries(), pl.logs.count("consumer: handler failed, will retry"),
@@ -791,25 +797,29 @@ func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	msg := r.Message
+	if strings.HasPrefix(msg, relayDatabaseDown) { // "…; pausing …, probing again in 200ms"
+		msg = relayDatabaseDown
+	}
+	l.counts[msg]++
 	r.Attrs(func(a slog.Attr) bool {
 		if a.Key == "err" || a.Key == "reason" {
 			err := a.Value.String()
-			if msg == relayCycleFailed { // by phase: the claim or the write-back
+			key := msg
+			if msg == relayDatabaseDown { // counted by phase too: the claim or the write-back
 				switch {
 				case strings.Contains(err, "claiming messages"):
-					msg += " (claim)"
+					key += " (claim)"
 				case strings.Contains(err, "writing back"):
-					msg += " (write-back)"
+					key += " (write-back)"
+				}
+				if key != msg {
+					l.counts[key]++
 				}
 			}
-			l.lastErr[msg] = err
+			l.lastErr[key] = err
 		}
 		return true
 	})
-	l.counts[msg]++
-	if msg != r.Message {
-		l.counts[r.Message]++
-	}
 	return nil
 }
 
