@@ -42,6 +42,14 @@ type TransportFixture struct {
 	ReceiveForeign func(ctx context.Context) (ForeignMessage, error)
 	// Timeout bounds each wait for a message. Default 10s.
 	Timeout time.Duration
+	// Outage, when set, returns a destination on a broker of the test's own, which the
+	// Outage subtests stop and start again (called by those subtests only, so the other
+	// subtests need no broker of their own): a Send while the broker is down must fail
+	// with errors marked outbox.Unavailable for every message, go through once it is
+	// back, and a message over the size limit must stay its own fault; with
+	// OutageFixture.Pipeline, relays keep every event through an outage ten times longer
+	// than their retry horizon and dead-letter none.
+	Outage func(t *testing.T) *OutageFixture
 }
 
 // ExerciseTransport runs the transport conformance suite. newFixture is called once per
@@ -220,6 +228,9 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 		if !errors.Is(be.Failed[0], outbox.ErrTooLarge) || !outbox.IsPermanent(be.Failed[0]) {
 			t.Fatalf("oversize error %v does not wrap outbox.ErrTooLarge", be.Failed[0])
 		}
+		if outbox.IsUnavailable(be.Failed[0]) {
+			t.Fatalf("oversize error %v is marked as the broker's fault (outbox.IsUnavailable)", be.Failed[0])
+		}
 		d := ReceiveN(t, f.Receiver, 1, f.Timeout)[0]
 		if m, _ := d.Message(); m.ID != ok.ID {
 			t.Fatalf("received %s, want the valid message %s", m.ID, ok.ID)
@@ -335,6 +346,15 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 
 	// A JSON payload with characters some brokers cannot carry as they are (U+FFFF, U+FFFE)
 	// must still reach other CloudEvents readers as JSON under its JSON content type.
+	t.Run("Outage", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		if f.Outage == nil {
+			t.Skip("fixture has no Outage (a broker the suite may stop)")
+		}
+		exerciseTransportOutage(t, f.Outage(t))
+	})
+
 	t.Run("ForeignReadersParseOurJSON", func(t *testing.T) {
 		t.Parallel()
 		f := fixture(t)

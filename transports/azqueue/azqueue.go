@@ -14,6 +14,21 @@
 // and consumers absorb duplicates with the inbox (at-least-once, like every transport).
 // [outbox.Delivery.Attempt] is the message's DequeueCount, Ack deletes the message with its
 // pop receipt, and Nack makes it visible again after the delay.
+//
+// # Outages
+//
+// A request that fails for reasons of the service, the account or the connection is the
+// broker's fault, not the message's: its errors are marked with outbox.Unavailable, so the
+// relay pauses and probes until the service takes messages again, spending no message's
+// attempts. They are: no answer (refused, reset, DNS, TLS, nothing before the send's
+// deadline), a 5xx, 429 (throttling), 408, 401 or 403 answer (authentication,
+// authorization), ServerBusy, InternalError, OperationTimedOut, a queue that does not exist
+// (yet), is being deleted or is disabled, and an account disabled or being created. The
+// service client retries a request itself first (its ClientOptions.Retry). What the
+// service refuses in one message stays that message's: MessageTooLarge,
+// RequestBodyTooLarge, InvalidXmlDocument, InvalidInput (rare: the size check before
+// sending fails an oversize message with outbox.ErrTooLarge without a request). A
+// [Receiver]'s errors are marked the same way.
 package outboxazqueue
 
 import (

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 )
@@ -45,7 +47,13 @@ func TestMain(m *testing.M) {
 // not reachable.
 func serviceClient(t testing.TB) *azqueue.ServiceClient {
 	t.Helper()
-	client, err := azqueue.NewServiceClientFromConnectionString(outboxtest.AzuriteConnString(), &azqueue.ClientOptions{
+	return serviceClientAt(t, outboxtest.AzuriteConnString())
+}
+
+// serviceClientAt returns a client of the queue service that conn names.
+func serviceClientAt(t testing.TB, conn string) *azqueue.ServiceClient {
+	t.Helper()
+	client, err := azqueue.NewServiceClientFromConnectionString(conn, &azqueue.ClientOptions{
 		ClientOptions: azcore.ClientOptions{
 			Transport: &http.Client{Transport: transport},
 			Retry:     policy.RetryOptions{MaxRetries: 2, RetryDelay: 50 * time.Millisecond},
@@ -98,6 +106,7 @@ func TestConformance(t *testing.T) {
 					t.Fatal(err)
 				}
 				return &outboxtest.TransportFixture{
+					Outage:   func(t *testing.T) *outboxtest.OutageFixture { return azuriteOutage(t, enc) },
 					Sender:   s,
 					Receiver: r,
 					Features: s.Features(),
@@ -125,6 +134,53 @@ func TestConformance(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// azuriteOutage is a queue on a private Azurite, which the suite kills and starts again on
+// the same port; it keeps nothing in memory across the restart, so Start creates the queue
+// again, as the infrastructure would (in between, a Send meets a queue that does not
+// exist).
+func azuriteOutage(t *testing.T, enc outboxazqueue.Encoding) *outboxtest.OutageFixture {
+	azurite := outboxtest.StartNodeProcess(t, "azurite", "azurite", func(dir string, port int) ([]string, []string) {
+		return []string{"node_modules/azurite/dist/src/queue/main.js", "--queueHost", "127.0.0.1",
+			"--queuePort", strconv.Itoa(port), "--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck", "--silent"}, nil
+	})
+	conn := strings.Replace(outboxtest.AzuriteConnString(), "QueueEndpoint=http://127.0.0.1:10001/",
+		"QueueEndpoint=http://127.0.0.1:"+strconv.Itoa(azurite.Port)+"/", 1)
+	if !strings.Contains(conn, strconv.Itoa(azurite.Port)) {
+		t.Skip("TXOUTBOX_AZURITE_CONN names another endpoint than the local Azurite's: no private instance to stop")
+	}
+	client := serviceClientAt(t, conn)
+	name := newQueue(t, client)
+	create := func(t testing.TB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := client.CreateQueue(ctx, name, nil); err != nil {
+			t.Fatalf("creating queue %s again: %v", name, err)
+		}
+	}
+	s, err := outboxazqueue.NewSender(client, &outboxazqueue.SenderConfig{DefaultQueue: name, Encoding: enc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outboxazqueue.NewReceiver(client.NewQueueClient(name), fastReceiver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outboxtest.OutageFixture{
+		Sender:   s,
+		Receiver: r,
+		Features: s.Features(),
+		Stop:     func(testing.TB) { azurite.Kill() },
+		Start: func(t testing.TB) {
+			azurite.Start()
+			create(t)
+		},
+		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
+			return pgxtest.New(t, "outboxazqueue").Pipeline(t, s, r)
+		},
+		Timeout: 90 * time.Second, // Azurite is one Node process, on a busy machine
 	}
 }
 
@@ -212,7 +268,8 @@ func TestNoRoute(t *testing.T) {
 	}
 }
 
-// TestQueueNotFound: a missing queue is a retryable error that names the queue.
+// TestQueueNotFound: a missing queue fails the message as the broker's fault
+// (outbox.Unavailable: the relay waits for the queue, spending no attempt), naming it.
 func TestQueueNotFound(t *testing.T) {
 	t.Parallel()
 	client := serviceClient(t)
@@ -223,8 +280,8 @@ func TestQueueNotFound(t *testing.T) {
 	}
 	err = s.Send(context.Background(), []outbox.Message{msg("a.b", `{}`)})
 	var be *outbox.BatchError
-	if !errors.As(err, &be) || be.Failed[0] == nil || outbox.IsPermanent(be.Failed[0]) {
-		t.Fatalf("Send = %v, want a retryable failure of message 0", err)
+	if !errors.As(err, &be) || be.Failed[0] == nil || !outbox.IsUnavailable(be.Failed[0]) {
+		t.Fatalf("Send = %v, want a failure of message 0 marked unavailable", err)
 	}
 	if !strings.Contains(err.Error(), `queue "txo-does-not-exist" does not exist`) {
 		t.Errorf("error %q does not name the missing queue", err)

@@ -176,9 +176,9 @@ func (r *Receiver) dequeue(ctx context.Context, limit int) ([]outbox.Delivery, e
 		cancel()
 		if err != nil {
 			if queueerror.HasCode(err, queueerror.QueueNotFound) {
-				return out, fmt.Errorf("outboxazqueue: receiving: queue %q does not exist: %w", r.queue, err)
+				return out, markBrokerFault(fmt.Errorf("outboxazqueue: receiving: queue %q does not exist: %w", r.queue, err))
 			}
-			return out, fmt.Errorf("outboxazqueue: receiving from queue %q: %w", r.queue, err)
+			return out, markBrokerFault(fmt.Errorf("outboxazqueue: receiving from queue %q: %w", r.queue, err))
 		}
 		for _, m := range resp.Messages {
 			out = append(out, r.delivery(m))

@@ -157,7 +157,8 @@ func (s *Sender) CreateQueues(ctx context.Context) error {
 // were accepted, or an [*outbox.BatchError] naming the ones that failed. Messages that can
 // never be sent (over the 64 KiB limit, no route) fail before any request is made, with
 // permanent errors (the first wraps [outbox.ErrTooLarge]), so the relay dead-letters them
-// and the rest of the batch is delivered.
+// and the rest of the batch is delivered. Failures that are the service's or the
+// connection's are marked outbox.Unavailable (see the package's Outages section).
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -195,7 +196,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	wg.Wait()
 	for j, err := range errs {
 		if err != nil {
-			failed[jobs[j].index] = err
+			failed[jobs[j].index] = markBrokerFault(err)
 		}
 	}
 	if len(failed) > 0 {
@@ -223,6 +224,7 @@ func (s *Sender) enqueue(ctx context.Context, m outbox.Message, queue, text stri
 	case err == nil:
 		return nil
 	case queueerror.HasCode(err, queueerror.QueueNotFound):
+		// Not the message's fault: the relay waits for the queue (isBrokerFault).
 		return fmt.Errorf("outboxazqueue: sending message %s: queue %q does not exist (create it, or call Sender.CreateQueues): %w", m.ID, queue, err)
 	case queueerror.HasCode(err, queueerror.RequestBodyTooLarge, queueerror.MessageTooLarge):
 		// The size check before sending should make this unreachable; keep it permanent.

@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxkafka "github.com/txoutbox/outbox/transports/kafka"
 )
@@ -23,14 +24,20 @@ func TestConformance(t *testing.T) {
 	for _, v := range []struct {
 		name    string
 		configs map[string]*string
+		outage  bool // the Outage subtests run on a cluster of their own
 	}{
-		{name: "standard"},
+		{name: "standard", outage: true},
 		{name: "topic-limit", configs: map[string]*string{"max.message.bytes": &small}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			outboxtest.ExerciseTransport(t, func(t *testing.T) *outboxtest.TransportFixture {
 				d := newDestination(t, c, v.configs)
+				var outage func(t *testing.T) *outboxtest.OutageFixture
+				if v.outage {
+					outage = kafkaOutage
+				}
 				return &outboxtest.TransportFixture{
+					Outage:   outage,
 					Sender:   d.sender,
 					Receiver: d.receiver,
 					Features: outboxkafka.Features(context.Background(), d.sender, d.topic),
@@ -74,5 +81,35 @@ func receiveForeign(ctx context.Context, c *kfake.Cluster, topic string) (outbox
 			}
 			return m, nil
 		}
+	}
+}
+
+// kafkaOutage is a destination on a kfake cluster of its own, which the suite closes and
+// starts again on the same ports from its data directory.
+func kafkaOutage(t *testing.T) *outboxtest.OutageFixture {
+	rc := newRestartableCluster(t)
+	client := newClientAddrs(t, rc.addrs())
+	topic := createTopic(t, client, nil)
+	sender, err := outboxkafka.NewSender(client, &outboxkafka.SenderConfig{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver, err := outboxkafka.NewReceiver(&outboxkafka.ReceiverConfig{Group: "outage-" + topic, Topics: []string{topic},
+		MaxWait: 200 * time.Millisecond, Logger: quiet()}, seeds(rc.addrs())...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = receiver.Close() })
+	return &outboxtest.OutageFixture{
+		Sender:   sender,
+		Receiver: receiver,
+		Features: outboxkafka.Features(context.Background(), sender, topic),
+		Stop:     func(testing.TB) { rc.kill() },
+		Start:    func(testing.TB) { rc.start() },
+		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
+			return pgxtest.New(t, "outboxkafka").Pipeline(t, sender, receiver)
+		},
+		// A produce to a cluster that is gone waits for its context: franz-go retries it.
+		SendTimeout: 3 * time.Second,
 	}
 }

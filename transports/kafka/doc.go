@@ -16,6 +16,22 @@
 // error wrapping outbox.ErrTooLarge that names the limit, and the relay dead-letters it at
 // once; a refusal by the broker itself (MESSAGE_TOO_LARGE) is reported the same way.
 //
+// # Outages
+//
+// A produce that fails for reasons of the cluster or the connection is the broker's fault,
+// not the record's: its errors are marked with outbox.Unavailable, so the relay pauses and
+// probes until the cluster takes records again, spending no message's attempts. They are:
+// brokers that cannot be reached or dropped the connection, every error Kafka calls
+// retriable (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS,
+// REQUEST_TIMED_OUT, THROTTLING_QUOTA_EXCEEDED, UNKNOWN_TOPIC_OR_PARTITION for a topic that
+// does not exist yet, KAFKA_STORAGE_ERROR…), BROKER_NOT_AVAILABLE, authorization and SASL
+// failures, a closed client, records franz-go gave up on (kgo.ErrRecordTimeout,
+// kgo.ErrRecordRetries), and no acknowledgement before the send's deadline: franz-go
+// retries a produce to a cluster that is gone until then. What the broker refuses in one
+// record stays the record's: MESSAGE_TOO_LARGE (outbox.ErrTooLarge), CORRUPT_MESSAGE,
+// INVALID_RECORD, INVALID_TIMESTAMP; and so does a small record refused with a batch that
+// was too large (retried). A [Receiver]'s fetch errors are marked the same way.
+//
 // # Wire format
 //
 // Records are CloudEvents 1.0 in the binary mode of the Kafka protocol binding: the value is

@@ -165,7 +165,7 @@ func (r *Receiver) Receive(ctx context.Context, limit int) ([]outbox.Delivery, e
 			return nil, ctx.Err()
 		}
 		if err != nil {
-			return nil, err
+			return nil, markBrokerFault(err)
 		}
 	}
 }

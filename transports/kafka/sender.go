@@ -160,7 +160,8 @@ func (s *Sender) lookupLimits(ctx context.Context, topics []string) {
 // record is over the size limit, is not produced and fails permanently (outbox.ErrTooLarge
 // for size); the rest of the batch is produced all the same. A record whose outcome is
 // unknown when ctx ends is reported failed: the relay sends it again, and the consumer's
-// inbox absorbs a second copy.
+// inbox absorbs a second copy. Failures that are the cluster's or the connection's are
+// marked outbox.Unavailable (see the package's Outages section).
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -235,6 +236,9 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		s.judgeRefused(ctx, msgs, recs, refused, failed)
 	}
 	if len(failed) > 0 {
+		for i, err := range failed {
+			failed[i] = markBrokerFault(err)
+		}
 		return &outbox.BatchError{Failed: failed}
 	}
 	return nil

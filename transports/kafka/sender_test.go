@@ -353,3 +353,22 @@ func TestSenderBrokerRefusal(t *testing.T) {
 		t.Errorf("re-sending the small message: %v", err)
 	}
 }
+
+// TestSendToMissingTopicIsUnavailable: a topic that does not exist (yet) fails the records
+// as the cluster's fault (outbox.Unavailable: the relay waits for the topic, spending no
+// attempt), once franz-go has given up on it, or once the send's context ends.
+func TestSendToMissingTopicIsUnavailable(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	cl := newClient(t, c)
+	s, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Topic: "outboxtest.missing." + unique()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e := failedAt(t, s.Send(ctx, []outbox.Message{message("x", "", `{}`)}), 0)
+	if !outbox.IsUnavailable(e) || !errors.Is(e, kerr.UnknownTopicOrPartition) {
+		t.Fatalf("error %v: want UNKNOWN_TOPIC_OR_PARTITION marked unavailable", e)
+	}
+}

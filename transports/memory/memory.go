@@ -30,7 +30,9 @@ type Config struct {
 	// MaxMessageBytes rejects larger bodies with outbox.ErrTooLarge (0: no limit).
 	MaxMessageBytes int
 	// SendHook, when set, is called for each message before it is accepted; an error fails
-	// that message (tests use it to inject broker outages).
+	// that message. Tests use it to inject failures: an error marked outbox.Unavailable is
+	// a broker outage (the relay pauses and spends no attempt), any other error the
+	// message's own fault.
 	SendHook func(outbox.Message) error
 }
 

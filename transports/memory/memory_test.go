@@ -1,9 +1,12 @@
 package outboxmem_test
 
 import (
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
@@ -16,8 +19,31 @@ func TestConformance(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			outboxtest.ExerciseTransport(t, func(t *testing.T) *outboxtest.TransportFixture {
 				q := outboxmem.New(cfg)
-				return &outboxtest.TransportFixture{Sender: q, Receiver: q, Features: q.Features()}
+				return &outboxtest.TransportFixture{Sender: q, Receiver: q, Features: q.Features(),
+					Outage: func(t *testing.T) *outboxtest.OutageFixture { return outage(cfg) }}
 			})
 		})
+	}
+}
+
+// outage is a queue whose SendHook refuses every message while the "broker" is down, as a
+// broker that cannot be reached would: with an error marked outbox.Unavailable.
+func outage(cfg *outboxmem.Config) *outboxtest.OutageFixture {
+	var down atomic.Bool
+	c := outboxmem.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.SendHook = func(m outbox.Message) error {
+		if down.Load() {
+			return outbox.Unavailable(errors.New("connection refused"))
+		}
+		return nil
+	}
+	q := outboxmem.New(&c)
+	return &outboxtest.OutageFixture{
+		Sender: q, Receiver: q, Features: q.Features(),
+		Stop:  func(testing.TB) { down.Store(true) },
+		Start: func(testing.TB) { down.Store(false) },
 	}
 }

@@ -79,7 +79,7 @@ func catchUp(b *testing.B, n, keys int) {
 		b.Fatal(err)
 	}
 
-	srv.kill()
+	srv.Kill()
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(relayCtx) }()
@@ -115,7 +115,7 @@ func catchUp(b *testing.B, n, keys int) {
 	}
 	before := outboxMB(b, o)
 
-	srv.start()
+	srv.Start()
 	restarted := time.Now()
 	for streamMsgs(b, stream) < uint64(n) || o.Count(b, "outbox") > 0 {
 		if time.Since(restarted) > 30*time.Minute {

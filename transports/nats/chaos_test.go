@@ -2,13 +2,12 @@ package outboxnats_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -94,7 +93,7 @@ func TestChaosDatabaseConnectionsKilled(t *testing.T) {
 		// window, and the broker never restarted: dedup is deterministic here.
 		t.Errorf("the stream stored %d duplicate messages; Nats-Msg-Id dedup should have absorbed every re-send", res.streamDuplicates)
 	}
-	if pl.logs.count(relayCycleFailed) == 0 && pl.logs.count("consumer: handler failed, will retry") == 0 {
+	if pl.logs.count(relayDatabaseDown) == 0 && pl.logs.count("consumer: handler failed, will retry") == 0 {
 		t.Error("neither the relays nor the consumer saw a database error: the chaos did not reach the pipeline")
 	}
 }
@@ -152,13 +151,13 @@ func TestChaosBrokerOutage(t *testing.T) {
 	before := pl.sender.stats()
 	const outage = 1500 * time.Millisecond
 	killedAt := time.Now()
-	srv.kill()
+	srv.Kill()
 	outboxtest.WaitFor(t, 10*time.Second, "a relay send to fail while the broker is down", func() bool {
 		return pl.sender.stats().failed > before.failed
 	})
 	time.Sleep(time.Until(killedAt.Add(outage))) // the outage lasts this long, whatever happens meanwhile
 	pendingAtRestart := p.Count(t, "outbox")
-	srv.start()
+	srv.Start()
 	restartedAt := time.Now()
 	outboxtest.WaitFor(t, 30*time.Second, "both connections to reconnect", func() bool {
 		return ncRelay.IsConnected() && ncCons.IsConnected()
@@ -223,8 +222,10 @@ type chaosPipeline struct {
 }
 
 const (
-	chaosConsumer    = "chaos"
-	relayCycleFailed = "outbox relay: database unavailable; pausing, no attempts are counted" // the relay's log message
+	chaosConsumer = "chaos"
+	// relayDatabaseDown begins the relay's log message when a claim or write-back fails
+	// (the relay then pauses and probes the database).
+	relayDatabaseDown = "outbox relay: database unavailable"
 )
 
 func newChaosPipeline(t *testing.T, p *pgxtest.Outbox, s chaosSetup) *chaosPipeline {
@@ -284,11 +285,16 @@ func (pl *chaosPipeline) start() {
 			// A write-back lost to the chaos leaves its batch leased: a short lease gets it
 			// re-sent (and deduplicated by the stream) soon.
 			Lease: 2 * time.Second,
-			// Attempts count outages here, not faults of the events. Retries run 10× faster
-			// than the default (100 ms up to 1 s instead of 1 s up to 5 min), so the default
-			// 10 attempts would span a few seconds, about the outage itself (runs claimed
-			// up to 7 attempts): 100 span over a minute, like the default budget in time,
-			// and no healthy event is dead-lettered.
+			// A claim or write-back that fails pauses the relay until a probe gets through:
+			// probing often keeps the relays at the database while the chaos lasts.
+			UnavailableBackoff:    10 * time.Millisecond,
+			MaxUnavailableBackoff: 100 * time.Millisecond,
+			// Attempts count the database's chaos here, not faults of the events: a claim
+			// whose write-back is lost has spent its attempts (a broker outage spends none:
+			// the sender marks it outbox.Unavailable). Retries run 10× faster than the
+			// default (100 ms up to 1 s instead of 1 s up to 5 min), so the default 10
+			// attempts would span a few seconds: 100 span over a minute, like the default
+			// budget in time, and no healthy event is dead-lettered.
 			RetryBackoff:    100 * time.Millisecond,
 			MaxRetryBackoff: time.Second,
 			MaxAttempts:     maxAttempts,
@@ -648,9 +654,9 @@ func (pl *chaosPipeline) logStats(res chaosResult) {
 	t.Logf("events: %d committed, %d rolled back (%d transactions: %d rolled back, %d killed before their commit)",
 		res.committed, res.rolledBack, pl.txs, pl.rollbacks, pl.killedTxs)
 	t.Logf("relays: %d sends (%d failed) of %d messages; %d stream acks, %d of them for re-sends the stream deduplicated; "+
-		"%d failed cycles (%d claims, %d write-backs); highest attempt claimed %d",
-		ss.calls, ss.failed, ss.msgs, acks, dupAcks, pl.logs.count(relayCycleFailed),
-		pl.logs.count(relayCycleFailed+" (claim)"), pl.logs.count(relayCycleFailed+" (write-back)"), pl.store.highestAttempt())
+		"database unavailable %d times (%d in a claim, %d in a write-back); highest attempt claimed %d",
+		ss.calls, ss.failed, ss.msgs, acks, dupAcks, pl.logs.count(relayDatabaseDown),
+		pl.logs.count(relayDatabaseDown+" (claim)"), pl.logs.count(relayDatabaseDown+" (write-back)"), pl.store.highestAttempt())
 	t.Logf("consumer: %d handler calls for %d events, %d of them redeliveries by attempt count; %d handler failures, %d failed acks, "+
 		"%d failed receives; highest attempt %d",
 		pl.handled.calls(), pl.handled.len(), pl.receiver.redeliveries(), pl.logs.count("consumer: handler failed, will retry"),
@@ -826,25 +832,29 @@ func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	msg := r.Message
+	if strings.HasPrefix(msg, relayDatabaseDown) { // "…; pausing …, probing again in 200ms"
+		msg = relayDatabaseDown
+	}
+	l.counts[msg]++
 	r.Attrs(func(a slog.Attr) bool {
 		if a.Key == "err" || a.Key == "reason" {
 			err := a.Value.String()
-			if msg == relayCycleFailed { // by phase: the claim or the write-back
+			key := msg
+			if msg == relayDatabaseDown { // counted by phase too: the claim or the write-back
 				switch {
 				case strings.Contains(err, "claiming messages"):
-					msg += " (claim)"
+					key += " (claim)"
 				case strings.Contains(err, "writing back"):
-					msg += " (write-back)"
+					key += " (write-back)"
+				}
+				if key != msg {
+					l.counts[key]++
 				}
 			}
-			l.lastErr[msg] = err
+			l.lastErr[key] = err
 		}
 		return true
 	})
-	l.counts[msg]++
-	if msg != r.Message {
-		l.counts[r.Message]++
-	}
 	return nil
 }
 
@@ -868,28 +878,13 @@ func (l *logCounter) samples() map[string]string {
 }
 
 // natsServer is a private nats-server process with JetStream on file storage, for tests
-// that kill the broker. It is SIGKILLed at cleanup.
-type natsServer struct {
-	t       testing.TB
-	bin     string
-	port    int
-	dir     string
-	logPath string
-	cmd     *exec.Cmd
-	exited  chan error
-	extra   []string // more command-line arguments (a cluster node's)
-}
+// that kill the broker: Kill SIGKILLs it, Start starts it again on the same port and store
+// directory. It is SIGKILLed at cleanup.
+type natsServer struct{ *outboxtest.Process }
 
-func startNATSServer(t testing.TB) *natsServer {
-	t.Helper()
-	s := newNATSServer(t)
-	s.start()
-	return s
-}
-
-// newNATSServer prepares a private server on a free port with a store directory of its
-// own, killed at cleanup; start starts it.
-func newNATSServer(t testing.TB) *natsServer {
+// startNATSServer starts a private server on a free port with a store directory of its
+// own (extra: more command-line arguments, a cluster node's), killed at cleanup.
+func startNATSServer(t testing.TB, extra ...string) *natsServer {
 	t.Helper()
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
@@ -898,79 +893,13 @@ func newNATSServer(t testing.TB) *natsServer {
 		}
 		bin = "/usr/sbin/nats-server"
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	dir := t.TempDir()
-	s := &natsServer{t: t, bin: bin, port: port, dir: dir, logPath: dir + "/nats-server.log"}
-	t.Cleanup(func() {
-		s.kill()
-		if t.Failed() {
-			if b, err := os.ReadFile(s.logPath); err == nil {
-				t.Logf("nats-server log (last 3000 bytes):\n%s", b[max(0, len(b)-3000):])
-			}
-		}
-	})
-	return s
+	store := filepath.Join(t.TempDir(), "store")
+	return &natsServer{outboxtest.StartProcess(t, "nats-server", 10*time.Second, func(port int) *exec.Cmd {
+		return exec.Command(bin, append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", store}, extra...)...)
+	})}
 }
 
-func (s *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
-
-// start starts the server on its port and store directory and waits until it accepts
-// connections.
-func (s *natsServer) start() {
-	t := s.t
-	t.Helper()
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	args := append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js", "-sd", s.dir + "/store"}, s.extra...)
-	s.cmd = exec.Command(s.bin, args...)
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.exited = make(chan error, 1)
-	go func(cmd *exec.Cmd, exited chan<- error) { exited <- cmd.Wait() }(s.cmd, s.exited)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case err := <-s.exited:
-			s.exited <- err
-			t.Fatalf("nats-server exited at start: %v (its log is below)", err)
-		default:
-		}
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.port), 100*time.Millisecond)
-		if err == nil {
-			_ = c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats-server did not listen on port %d within 10s: %v", s.port, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// kill SIGKILLs the server, if running, and reaps it.
-func (s *natsServer) kill() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	if err := <-s.exited; err != nil {
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) {
-			s.t.Errorf("waiting for nats-server: %v", err)
-		}
-	}
-	s.cmd = nil
-}
+func (s *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.Port) }
 
 // connectPrivate connects to s, reconnecting forever and quickly, closed at cleanup.
 func connectPrivate(t testing.TB, s *natsServer, name string) (*nats.Conn, jetstream.JetStream) {

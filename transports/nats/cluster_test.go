@@ -3,7 +3,6 @@ package outboxnats_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -93,7 +92,7 @@ func TestChaosStreamLeaderKilled(t *testing.T) {
 	leader := cluster.byName(info.Cluster.Leader)
 	pl.sender.resetGap()
 	killedAt := time.Now()
-	leader.kill()
+	leader.Kill()
 	// A new leader, seen through the survivors.
 	var newLeader string
 	outboxtest.WaitFor(t, 30*time.Second, "a new stream leader", func() bool {
@@ -111,7 +110,7 @@ func TestChaosStreamLeaderKilled(t *testing.T) {
 	outboxtest.WaitFor(t, 30*time.Second, "events to be handled after the election", func() bool {
 		return pl.handled.len() >= handledAtElection+200
 	})
-	leader.start() // the killed server rejoins and catches up
+	leader.Start() // the killed server rejoins and catches up
 	time.Sleep(500 * time.Millisecond)
 	stopProducing()
 	producing.Wait()
@@ -172,23 +171,14 @@ type natsCluster []*natsServer
 // startNATSCluster starts n servers named node-0… that route to each other.
 func startNATSCluster(t *testing.T, n int) natsCluster {
 	t.Helper()
-	c := make(natsCluster, n)
 	routes := make([]string, n)
-	ports := make([]int, n)
-	for i := range c {
-		c[i] = newNATSServer(t)
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", ports[i])
+	for i := range routes {
+		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", outboxtest.FreePort(t))
 	}
-	for i, s := range c {
-		s.extra = []string{"-n", fmt.Sprintf("node-%d", i), "--cluster_name", "txoutbox",
-			"--cluster", routes[i], "--routes", strings.Join(routes, ",")}
-		s.start()
+	c := make(natsCluster, n)
+	for i := range c {
+		c[i] = startNATSServer(t, "-n", fmt.Sprintf("node-%d", i), "--cluster_name", "txoutbox",
+			"--cluster", routes[i], "--routes", strings.Join(routes, ","))
 	}
 	return c
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
@@ -22,17 +23,23 @@ import (
 func TestConformance(t *testing.T) {
 	_, js := connect(t)
 	for _, v := range []struct {
-		name string
-		top  outboxnats.Topology
+		name   string
+		top    outboxnats.Topology
+		outage bool // the Outage subtests run on a private nats-server
 	}{
-		{name: "standard", top: outboxnats.Topology{Storage: jetstream.MemoryStorage}},
+		{name: "standard", top: outboxnats.Topology{Storage: jetstream.MemoryStorage}, outage: true},
 		{name: "stream-limit", top: outboxnats.Topology{Storage: jetstream.MemoryStorage, MaxMsgSize: 4096}},
-		{name: "ordered", top: outboxnats.Topology{Storage: jetstream.MemoryStorage, Ordered: true}},
+		{name: "ordered", top: outboxnats.Topology{Storage: jetstream.MemoryStorage, Ordered: true}, outage: true},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			outboxtest.ExerciseTransport(t, func(t *testing.T) *outboxtest.TransportFixture {
 				d := newDestination(t, js, v.top, outboxnats.SenderConfig{})
+				var outage func(t *testing.T) *outboxtest.OutageFixture
+				if v.outage {
+					outage = func(t *testing.T) *outboxtest.OutageFixture { return natsOutage(t, v.top) }
+				}
 				return &outboxtest.TransportFixture{
+					Outage:   outage,
 					Sender:   d.sender,
 					Receiver: d.receiver,
 					Features: outboxnats.Features(d.sender, d.stream.CachedInfo().Config, d.consumer.CachedInfo().Config),
@@ -74,5 +81,25 @@ func receiveForeign(ctx context.Context, c jetstream.Consumer) (outboxtest.Forei
 		if err := ctx.Err(); err != nil {
 			return outboxtest.ForeignMessage{}, err
 		}
+	}
+}
+
+// natsOutage is a destination on a private nats-server with JetStream on file storage, which
+// the suite kills and starts again on the same port and store directory.
+func natsOutage(t *testing.T, top outboxnats.Topology) *outboxtest.OutageFixture {
+	srv := startNATSServer(t)
+	_, js := connectPrivate(t, srv, t.Name())
+	top.Storage = jetstream.FileStorage // the stream outlives the server's restart
+	top.AckWait = 2 * time.Second       // an ack lost with the server comes back soon
+	d := newDestination(t, js, top, outboxnats.SenderConfig{})
+	return &outboxtest.OutageFixture{
+		Sender:   d.sender,
+		Receiver: d.receiver,
+		Features: outboxnats.Features(d.sender, d.stream.CachedInfo().Config, d.consumer.CachedInfo().Config),
+		Stop:     func(testing.TB) { srv.Kill() },
+		Start:    func(testing.TB) { srv.Start() },
+		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
+			return pgxtest.New(t, "outboxnats").Pipeline(t, d.sender, d.receiver)
+		},
 	}
 }

@@ -38,4 +38,20 @@
 // Sizes are checked before sending: a message whose headers and body exceed the server's
 // max_payload (or a lower limit set in [SenderConfig]) fails with an error wrapping
 // outbox.ErrTooLarge, which the relay dead-letters at once.
+//
+// # Outages
+//
+// A send that fails for reasons of the server, the stream or the connection is the
+// broker's fault, not the message's: its errors are marked with outbox.Unavailable, so the
+// relay pauses and probes until the server takes messages again, spending no message's
+// attempts. They are: a connection that is disconnected, reconnecting, closed or stale;
+// no responders (no stream captures the subject yet, or the stream has no leader, after
+// two retries 250 ms apart); no publish acknowledgement within the send's deadline;
+// authorization errors; JetStream not enabled; a stream that does not exist; and every
+// JetStream API error with a 5xx status (a full stream that discards new messages, no
+// quorum, insufficient resources, a stream offline) or the account's storage limit. What
+// the stream refuses in one message is that message's: over the server's max_payload or
+// the stream's max_msg_size (outbox.ErrTooLarge), headers over 64 KiB, a subject of
+// another stream than [SenderConfig].Stream. A [Receiver]'s pull errors are marked the
+// same way.
 package outboxnats

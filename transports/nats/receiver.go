@@ -124,7 +124,7 @@ func (r *Receiver) Receive(ctx context.Context, max int) ([]outbox.Delivery, err
 		case wctx.Err() != nil:
 			return nil, nil
 		}
-		return nil, fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err)
+		return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
 	}
 	out = r.collect(batch)
 	err = batch.Error()
@@ -135,7 +135,7 @@ func (r *Receiver) Receive(ctx context.Context, max int) ([]outbox.Delivery, err
 	case len(out) == 0 && errors.Is(err, context.DeadlineExceeded):
 		return nil, nil // the long poll ended empty
 	case len(out) == 0 && err != nil:
-		return nil, fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err)
+		return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
 	case len(out) == 0:
 		return nil, nil
 	}
@@ -151,11 +151,11 @@ func (r *Receiver) Receive(ctx context.Context, max int) ([]outbox.Delivery, err
 func (r *Receiver) fetchNoWait(max int) ([]outbox.Delivery, error) {
 	batch, err := r.c.FetchNoWait(max)
 	if err != nil {
-		return nil, fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err)
+		return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
 	}
 	out := r.collect(batch)
 	if err := batch.Error(); err != nil && len(out) == 0 && !errors.Is(err, jetstream.ErrNoMessages) {
-		return nil, fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err)
+		return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
 	}
 	return out, nil
 }

@@ -118,8 +118,9 @@ type Sender struct {
 // The sender publishes on js's connection and reads the stream's acks on a subscription of
 // its own to an inbox of that connection (nc.NewInbox, so a custom inbox prefix applies),
 // made at the first Send. The connection should stay open while the sender is used; Send
-// fails fast while it is disconnected, and the relay retries later. Each Send waits for its
-// acks only until its context ends; js's async-publish options do not apply.
+// fails fast while it is disconnected, with an error marked outbox.Unavailable, and the
+// relay waits for the server. Each Send waits for its acks only until its context ends;
+// js's async-publish options do not apply.
 func NewSender(js jetstream.JetStream, cfg *SenderConfig) (*Sender, error) {
 	if js == nil || js.Conn() == nil {
 		return nil, errors.New("outboxnats: NewSender needs a JetStream context with a connection")
@@ -164,10 +165,11 @@ func (s *Sender) SubjectFor(m outbox.Message) (string, error) {
 // Send publishes msgs and waits until the stream acknowledged each one, or ctx ends. It
 // returns nil when the stream stored them all (a duplicate the stream dropped counts as
 // stored), an *outbox.BatchError naming the messages that failed, or an error for the whole
-// batch when none could be published (the connection is down). A message over the size
-// limit, or that cannot be routed or carried in headers, is not sent and fails permanently
-// (outbox.ErrTooLarge for size); the rest of the batch is sent all the same. At most
-// MaxPending messages wait for their acks at once.
+// batch when none could be published (the connection is down). Failures that are the
+// server's or the connection's are marked outbox.Unavailable (see the package's Outages
+// section). A message over the size limit, or that cannot be routed or carried in
+// headers, is not sent and fails permanently (outbox.ErrTooLarge for size); the rest of
+// the batch is sent all the same. At most MaxPending messages wait for their acks at once.
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -177,7 +179,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	}
 	nc := s.js.Conn()
 	if !nc.IsConnected() {
-		return fmt.Errorf("outboxnats: cannot send %d message(s): the connection is %s: %w", len(msgs), nc.Status(), nats.ErrDisconnected)
+		return outbox.Unavailable(fmt.Errorf("outboxnats: cannot send %d message(s): the connection is %s: %w", len(msgs), nc.Status(), nats.ErrDisconnected))
 	}
 	limit, limitName := s.limit()
 	// A message to publish again (after a no-responders reply) is encoded anew: the Send
@@ -185,7 +187,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	rebuild := func(i int) (*nats.Msg, error) { return s.encode(msgs[i], limit, limitName, nil) }
 	p, err := s.acks.start(nc, len(msgs), s.onAck != nil, rebuild)
 	if err != nil {
-		return err
+		return markBrokerFault(err)
 	}
 	defer s.acks.finish(p)
 
@@ -240,9 +242,12 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		}
 	}
 	if stopped == len(msgs) {
-		return fmt.Errorf("outboxnats: sending %d message(s): %w", len(msgs), stop)
+		return markBrokerFault(fmt.Errorf("outboxnats: sending %d message(s): %w", len(msgs), stop))
 	}
 	if len(failed) > 0 {
+		for i, err := range failed {
+			failed[i] = markBrokerFault(err)
+		}
 		return &outbox.BatchError{Failed: failed}
 	}
 	return nil

@@ -180,8 +180,10 @@ func TestConfiguredMaxMessageBytes(t *testing.T) {
 	}
 }
 
-// TestSendToNoStream: a subject no stream captures fails the message (retryably), naming
-// the subject, once the no-responders retries are spent (two, 250 ms apart, as nats.go's).
+// TestSendToNoStream: a subject no stream captures (yet) fails the message as the
+// broker's fault (outbox.Unavailable: the relay waits for the stream, spending no
+// attempt), naming the subject, once the no-responders retries are spent (two, 250 ms
+// apart, as nats.go's).
 func TestSendToNoStream(t *testing.T) {
 	_, js := connect(t)
 	s, err := outboxnats.NewSender(js, &outboxnats.SenderConfig{SubjectPrefix: "nostream." + unique()})
@@ -189,8 +191,35 @@ func TestSendToNoStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := failedAt(t, s.Send(context.Background(), []outbox.Message{message("t", "", "{}")}), 0)
-	if outbox.IsPermanent(e) || !errors.Is(e, jetstream.ErrNoStreamResponse) || !strings.Contains(e.Error(), "no stream captures subject nostream.") {
-		t.Fatalf("error %v: want a retryable error naming the subject", e)
+	if !outbox.IsUnavailable(e) || !errors.Is(e, jetstream.ErrNoStreamResponse) || !strings.Contains(e.Error(), "no stream captures subject nostream.") {
+		t.Fatalf("error %v: want an error marked unavailable naming the subject", e)
+	}
+}
+
+// TestFullStreamIsUnavailable: a stream at its limits that discards new messages refuses
+// a publish with a 503 API error ("maximum messages exceeded"): the stream's state, not the
+// message's fault, so the relay waits until consumers make room.
+func TestFullStreamIsUnavailable(t *testing.T) {
+	_, js := connect(t)
+	id := unique()
+	ctx := context.Background()
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUTBOXTEST_FULL_" + id, Subjects: []string{"full." + id + ".>"},
+		Storage: jetstream.MemoryStorage, MaxMsgs: 1, Discard: jetstream.DiscardNew})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), "OUTBOXTEST_FULL_"+id) })
+	s, err := outboxnats.NewSender(js, &outboxnats.SenderConfig{SubjectPrefix: "full." + id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(ctx, []outbox.Message{message("t", "", "{}")}); err != nil {
+		t.Fatal(err)
+	}
+	e := failedAt(t, s.Send(ctx, []outbox.Message{message("t", "", "{}")}), 0)
+	var api *jetstream.APIError
+	if !outbox.IsUnavailable(e) || !errors.As(e, &api) || api.Code != 503 {
+		t.Fatalf("error %v: want the stream's 503 marked unavailable", e)
 	}
 }
 

@@ -2,10 +2,8 @@ package outboxamqp_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,12 +52,12 @@ func TestChaosBrokerKilled(t *testing.T) {
 	failedBefore := pipelines[0].failedSends.Load()
 	const outage = 1500 * time.Millisecond
 	killedAt := time.Now()
-	node.kill()
+	node.Kill()
 	outboxtest.WaitFor(t, 10*time.Second, "a relay send to fail while the broker is down", func() bool {
 		return pipelines[0].failedSends.Load() > failedBefore
 	})
 	time.Sleep(time.Until(killedAt.Add(outage))) // the outage lasts this long, whatever happens meanwhile
-	node.start()
+	node.Start()
 	restartedAt := time.Now()
 	time.Sleep(500 * time.Millisecond) // new events follow the backlog
 	stopProducing()
@@ -131,9 +129,10 @@ func (pl *chaosPipeline) start(production context.Context) {
 	for i := range 2 {
 		r, err := outbox.NewRelay(pl.p.Store(t), countingFailures{pl.d.sender, &pl.failedSends}, &outbox.RelayConfig{
 			Name: fmt.Sprintf("chaos-%s-%d", pl.name, i), BatchSize: 100, Lease: 2 * time.Second,
-			// Attempts count the outage here, not faults of the events: retries 10× faster
-			// than the default need more of them to span it.
-			RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second, MaxAttempts: 100, Logger: quiet,
+			// The outage spends no attempt (the sender marks its failures outbox.Unavailable
+			// and the relay pauses), so the default MaxAttempts holds even with retries 10×
+			// faster than the default.
+			RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second, Logger: quiet,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -320,29 +319,11 @@ func (pl *chaosPipeline) verify() {
 }
 
 // rabbitNode is a private RabbitMQ node on free ports with its data under a temporary
-// directory, for tests that kill the broker (never the shared one). It is SIGKILLed at
-// cleanup.
-type rabbitNode struct {
-	t                *testing.T
-	bin, dir         string
-	port, distPort   int
-	name             string
-	cmd              *exec.Cmd
-	exited           chan error
-	logPath, logBase string
-}
+// directory, for tests that kill the broker (never the shared one): Kill SIGKILLs it, Start
+// starts it again on the same ports and data. It is SIGKILLed at cleanup.
+type rabbitNode struct{ *outboxtest.Process }
 
 const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server" // Debian's rabbitmq-server package
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 func startRabbitMQ(t *testing.T) *rabbitNode {
 	t.Helper()
@@ -350,96 +331,43 @@ func startRabbitMQ(t *testing.T) *rabbitNode {
 		outboxtest.RequireService(t, "the rabbitmq-server package (scripts/services/up.sh installs it)", err)
 	}
 	dir := t.TempDir()
-	n := &rabbitNode{t: t, bin: rabbitServer, dir: dir, port: freePort(t), distPort: freePort(t),
-		name: "txoutbox-chaos-" + unique() + "@localhost", logPath: filepath.Join(dir, "stdout.log"), logBase: filepath.Join(dir, "log")}
-	// The system's rabbitmq.conf names the shared node's listener; this node has its own.
-	conf := fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\nloopback_users = none\n", n.port)
-	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	distPort := outboxtest.FreePort(t)
+	name := "txoutbox-chaos-" + unique() + "@localhost"
+	logBase := filepath.Join(dir, "log")
 	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		n.kill()
-		if t.Failed() {
-			for _, f := range []string{n.logPath, filepath.Join(n.logBase, n.name+".log")} {
-				if b, err := os.ReadFile(f); err == nil {
-					t.Logf("%s (last 3000 bytes):\n%s", f, b[max(0, len(b)-3000):])
-				}
-			}
+	t.Cleanup(func() { // after the node is killed (cleanups run last first)
+		if b, err := os.ReadFile(filepath.Join(logBase, name+".log")); err == nil && t.Failed() {
+			t.Logf("the node's log (last 3000 bytes):\n%s", b[max(0, len(b)-3000):])
 		}
 	})
-	n.start()
-	return n
+	return &rabbitNode{outboxtest.StartProcess(t, "rabbitmq-server", 60*time.Second, func(port int) *exec.Cmd {
+		// The system's rabbitmq.conf names the shared node's listener; this node has its own.
+		conf := fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\nloopback_users = none\n", port)
+		if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(rabbitServer)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(),
+			"HOME="+dir,               // its own Erlang cookie
+			"RUNNING_UNDER_SYSTEMD=1", // exec the VM in place of the script, so kill reaches it
+			"RABBITMQ_NODENAME="+name,
+			"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
+			"RABBITMQ_NODE_PORT="+strconv.Itoa(port),
+			"RABBITMQ_DIST_PORT="+strconv.Itoa(distPort),
+			"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
+			"RABBITMQ_LOG_BASE="+logBase,
+			"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq.conf"),
+			"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
+			"ERL_EPMD_ADDRESS=127.0.0.1",
+			"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
+		)
+		return cmd
+	})}
 }
 
 func (n *rabbitNode) url() string {
-	return "amqp://guest:guest@127.0.0.1:" + strconv.Itoa(n.port) + "/"
-}
-
-// start starts the node on its ports and data directory and waits until it accepts AMQP
-// connections.
-func (n *rabbitNode) start() {
-	t := n.t
-	t.Helper()
-	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	n.cmd = exec.Command(n.bin)
-	n.cmd.Dir = n.dir
-	n.cmd.Env = append(os.Environ(),
-		"HOME="+n.dir,             // its own Erlang cookie
-		"RUNNING_UNDER_SYSTEMD=1", // exec the VM in place of the script, so kill reaches it
-		"RABBITMQ_NODENAME="+n.name,
-		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
-		"RABBITMQ_NODE_PORT="+strconv.Itoa(n.port),
-		"RABBITMQ_DIST_PORT="+strconv.Itoa(n.distPort),
-		"RABBITMQ_MNESIA_BASE="+filepath.Join(n.dir, "mnesia"),
-		"RABBITMQ_LOG_BASE="+n.logBase,
-		"RABBITMQ_CONFIG_FILE="+filepath.Join(n.dir, "rabbitmq.conf"),
-		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(n.dir, "enabled_plugins"),
-		"ERL_EPMD_ADDRESS=127.0.0.1",
-		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
-	)
-	n.cmd.Stdout, n.cmd.Stderr = logf, logf
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	n.exited = make(chan error, 1)
-	go func(cmd *exec.Cmd, exited chan<- error) { exited <- cmd.Wait() }(n.cmd, n.exited)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case err := <-n.exited:
-			n.exited <- err
-			t.Fatalf("rabbitmq-server exited at start: %v (its log is below)", err)
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n.port), 100*time.Millisecond); err == nil {
-			_ = c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rabbitmq-server did not listen on port %d within 60s", n.port)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// kill SIGKILLs the node, if running, and reaps it.
-func (n *rabbitNode) kill() {
-	if n.cmd == nil {
-		return
-	}
-	_ = n.cmd.Process.Kill()
-	if err := <-n.exited; err != nil {
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) {
-			n.t.Errorf("waiting for rabbitmq-server: %v", err)
-		}
-	}
-	n.cmd = nil
+	return "amqp://guest:guest@127.0.0.1:" + strconv.Itoa(n.Port) + "/"
 }

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
 )
@@ -21,18 +22,24 @@ import (
 func TestConformance(t *testing.T) {
 	admin(t, outboxtest.AMQPURL()) // skip (or fail under CI) at once when the broker is down
 	for _, v := range []struct {
-		name string
-		top  outboxamqp.Topology
-		scfg outboxamqp.SenderConfig
+		name   string
+		top    outboxamqp.Topology
+		scfg   outboxamqp.SenderConfig
+		outage bool // the Outage subtests run on a private RabbitMQ node
 	}{
-		{name: "standard"},
+		{name: "standard", outage: true},
 		{name: "small-limit", scfg: outboxamqp.SenderConfig{MaxMessageBytes: 4096}},
 		{name: "ordered", top: outboxamqp.Topology{Ordered: true}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			outboxtest.ExerciseTransport(t, func(t *testing.T) *outboxtest.TransportFixture {
 				d := newDestination(t, v.top, v.scfg, outboxamqp.ReceiverConfig{})
+				var outage func(t *testing.T) *outboxtest.OutageFixture
+				if v.outage {
+					outage = func(t *testing.T) *outboxtest.OutageFixture { return rabbitOutage(t, v.top, v.scfg) }
+				}
 				return &outboxtest.TransportFixture{
+					Outage:   outage,
 					Sender:   d.sender,
 					Receiver: d.receiver,
 					Features: outboxamqp.Features(d.sender, d.top),
@@ -89,5 +96,23 @@ func receiveForeign(ctx context.Context, ch *amqp.Channel, queue string) (outbox
 			m.Headers["content-type"] = d.ContentType
 		}
 		return m, d.Ack(false)
+	}
+}
+
+// rabbitOutage is a destination on a private RabbitMQ node, which the suite SIGKILLs and
+// starts again on the same ports and data directory (durable queues and persistent
+// messages survive it).
+func rabbitOutage(t *testing.T, top outboxamqp.Topology, scfg outboxamqp.SenderConfig) *outboxtest.OutageFixture {
+	node := startRabbitMQ(t)
+	d := newDestinationAt(t, node.url(), top, scfg, outboxamqp.ReceiverConfig{MaxWait: 500 * time.Millisecond})
+	return &outboxtest.OutageFixture{
+		Sender:   d.sender,
+		Receiver: d.receiver,
+		Features: outboxamqp.Features(d.sender, d.top),
+		Stop:     func(testing.TB) { node.Kill() },
+		Start:    func(testing.TB) { node.Start() },
+		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
+			return pgxtest.New(t, "outboxamqp").Pipeline(t, d.sender, d.receiver)
+		},
 	}
 }

@@ -51,4 +51,20 @@
 // default; keep it at most the broker's max_message_size) or headers over the connection's
 // frame size fail with an error wrapping outbox.ErrTooLarge, which the relay dead-letters at
 // once.
+//
+// # Outages
+//
+// A send that fails for reasons of the broker or the connection is the broker's fault, not
+// the message's: its errors are marked with outbox.Unavailable, so the relay pauses and
+// probes until the broker takes messages again, spending no message's attempts. They are:
+// a dial that fails (refused, DNS, TLS, credentials, vhost), a connection or channel that
+// broke or that the broker closed (a node shutting down, 403 ACCESS_REFUSED, 404 NOT_FOUND
+// for an exchange that does not exist yet, 405, 506, 530, 541), a connection the broker
+// blocks under a resource alarm, a nack (a queue full with overflow reject-publish, a
+// quorum queue without a majority), and a confirm that did not come before the send's
+// deadline. What the broker attributes to one message stays that message's: a body or
+// headers over the limits (outbox.ErrTooLarge), a mandatory message returned as unroutable
+// (no queue is bound for its routing key: retried, then dead-lettered), and a channel the
+// broker closed over what one message carried (406 PRECONDITION_FAILED, frame errors). A
+// [Receiver]'s connection and subscription errors are marked the same way.
 package outboxamqp

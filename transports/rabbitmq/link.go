@@ -126,7 +126,9 @@ func newLink(c Connection) *link {
 // errLinkClosed is returned by a link used after Close.
 var errLinkClosed = fmt.Errorf("outboxamqp: %w", outbox.ErrClosed)
 
-// connection returns the open connection, dialling one if there is none.
+// connection returns the open connection, dialling one if there is none. A dial that
+// fails, for whatever reason (refused, DNS, TLS, credentials, vhost), fails with an error
+// marked outbox.Unavailable: the broker's fault or the connection's, never a message's.
 func (l *link) connection(ctx context.Context) (*amqp.Connection, error) {
 	if c, err := l.current(); c != nil || err != nil {
 		return c, err
@@ -134,7 +136,7 @@ func (l *link) connection(ctx context.Context) (*amqp.Connection, error) {
 	select {
 	case l.dialing <- struct{}{}:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("outboxamqp: waiting to connect to %s: %w", l.where, ctx.Err())
+		return nil, markBrokerFault(fmt.Errorf("outboxamqp: waiting to connect to %s: %w", l.where, ctx.Err()))
 	}
 	defer func() { <-l.dialing }()
 	if c, err := l.current(); c != nil || err != nil { // another caller dialled meanwhile
@@ -146,14 +148,14 @@ func (l *link) connection(ctx context.Context) (*amqp.Connection, error) {
 	l.mu.Unlock()
 	if wait > 0 {
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-			return nil, fmt.Errorf("outboxamqp: broker at %s unreachable, next dial in %v: %w", l.where, wait.Round(time.Millisecond), lastErr)
+			return nil, outbox.Unavailable(fmt.Errorf("outboxamqp: broker at %s unreachable, next dial in %v: %w", l.where, wait.Round(time.Millisecond), lastErr))
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("outboxamqp: broker at %s unreachable (%w): %w", l.where, lastErr, ctx.Err())
+			return nil, outbox.Unavailable(fmt.Errorf("outboxamqp: broker at %s unreachable (%w): %w", l.where, lastErr, ctx.Err()))
 		}
 	}
 
@@ -173,7 +175,7 @@ func (l *link) connection(ctx context.Context) (*amqp.Connection, error) {
 		l.failures++
 		l.lastErr = redact(err, l.cfg.URL)
 		l.next = time.Now().Add(outbox.Backoff(l.failures, l.cfg.ReconnectBackoff, l.cfg.MaxReconnectBackoff))
-		return nil, fmt.Errorf("outboxamqp: connecting to %s: %w", l.where, l.lastErr)
+		return nil, outbox.Unavailable(fmt.Errorf("outboxamqp: connecting to %s: %w", l.where, l.lastErr))
 	}
 	if l.closed {
 		_ = conn.Close()

@@ -147,7 +147,7 @@ func (r *Receiver) Receive(ctx context.Context, limit int) ([]outbox.Delivery, e
 	}
 	sub, err := r.subscribe(ctx)
 	if err != nil {
-		return nil, err
+		return nil, markBrokerFault(err)
 	}
 	limit = min(max(limit, 1), r.cfg.Prefetch)
 	if out := r.takeReady(limit); len(out) > 0 {
@@ -238,7 +238,7 @@ func (r *Receiver) lost(sub *subscription) error {
 	if closed {
 		return errLinkClosed
 	}
-	return fmt.Errorf("outboxamqp: consuming queue %q on %s stopped (connection or channel lost, or the queue was deleted); the next Receive resubscribes", r.cfg.Queue, r.link.where)
+	return outbox.Unavailable(fmt.Errorf("outboxamqp: consuming queue %q on %s stopped (connection or channel lost, or the queue was deleted); the next Receive resubscribes", r.cfg.Queue, r.link.where))
 }
 
 func (r *Receiver) newDelivery(sub *subscription, d *amqp.Delivery) *delivery {

@@ -172,7 +172,9 @@ type outgoing struct {
 // batch when none could be published (the broker is unreachable). A message fails when the
 // broker nacks it, returns it as unroutable (no queue is bound for its routing key), or its
 // confirm never comes (the connection dropped, or ctx ended): it may still have been
-// stored, and the relay's retry makes it a duplicate the consumer's inbox absorbs. A
+// stored, and the relay's retry makes it a duplicate the consumer's inbox absorbs.
+// Failures that are the broker's or the connection's — all of these but the unroutable
+// return — are marked outbox.Unavailable (see the package's Outages section). A
 // message over MaxMessageBytes, or that cannot be routed or encoded, is not sent and fails
 // permanently (outbox.ErrTooLarge for size); the rest of the batch is sent all the same.
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
@@ -196,6 +198,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		return &outbox.BatchError{Failed: failed}
 	}
 	wholeBatch := func(err error) error {
+		err = markBrokerFault(err)
 		if len(failed) == 0 {
 			return err
 		}
@@ -210,7 +213,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		return wholeBatch(err)
 	}
 	if reason := s.link.blockedReason(conn); reason != "" {
-		return wholeBatch(fmt.Errorf("outboxamqp: the broker at %s blocks publishing (%s): not sending %d message(s)", s.link.where, reason, len(out)))
+		return wholeBatch(outbox.Unavailable(fmt.Errorf("outboxamqp: the broker at %s blocks publishing (%s): not sending %d message(s)", s.link.where, reason, len(out))))
 	}
 	frameMax := conn.Config.FrameSize
 	pc, err := s.acquire(conn)
@@ -305,16 +308,21 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			if err := s.closeReason(pc, nil); err != nil {
 				failed[o.index] = fmt.Errorf("outboxamqp: message %s unconfirmed: %w", m.ID, err)
 			} else {
-				failed[o.index] = fmt.Errorf("outboxamqp: the broker nacked message %s (exchange %q, routing key %q): it could not store it (a full queue with overflow reject-publish, or an internal error)", m.ID, s.cfg.Exchange, o.key)
+				// The broker's state, not the message: a queue full with overflow
+				// reject-publish, a quorum queue without a majority, an internal error.
+				failed[o.index] = outbox.Unavailable(fmt.Errorf("outboxamqp: the broker nacked message %s (exchange %q, routing key %q): it could not store it (a full queue with overflow reject-publish, a quorum queue without a majority, or an internal error)", m.ID, s.cfg.Exchange, o.key))
 			}
 		}
 	}
 	clean = !ended && stop == nil && !pc.ch.IsClosed()
 
 	if published == 0 && stop != nil && len(failed) == len(msgs) {
-		return fmt.Errorf("outboxamqp: sending %d message(s): %w", len(msgs), stop)
+		return markBrokerFault(fmt.Errorf("outboxamqp: sending %d message(s): %w", len(msgs), stop))
 	}
 	if len(failed) > 0 {
+		for i, err := range failed {
+			failed[i] = markBrokerFault(err)
+		}
 		return &outbox.BatchError{Failed: failed}
 	}
 	return nil

@@ -121,6 +121,9 @@ func TestSenderUnroutableFails(t *testing.T) {
 	if outbox.IsPermanent(be.Failed[1]) {
 		t.Error("an unroutable message failed permanently; a binding may yet be created, so the relay should retry it")
 	}
+	if outbox.IsUnavailable(be.Failed[1]) {
+		t.Error("an unroutable message failed as the broker's fault; the broker took the rest of the batch, so it is the message's routing")
+	}
 	got := map[uuid.UUID]bool{}
 	outboxtest.ReceiveEach(t, d.receiver, 2, 10*time.Second, func(dl outbox.Delivery) {
 		m, _ := dl.Message()
@@ -133,8 +136,9 @@ func TestSenderUnroutableFails(t *testing.T) {
 	outboxtest.ExpectNone(t, d.receiver, 300*time.Millisecond)
 }
 
-// TestSenderMissingExchange: publishing to an exchange that does not exist fails the
-// batch with an error that names the exchange and the fix.
+// TestSenderMissingExchange: publishing to an exchange that does not exist (yet) fails the
+// batch as the broker's fault (outbox.Unavailable: the relay waits for it, spending no
+// attempt) with an error that names the exchange and the fix.
 func TestSenderMissingExchange(t *testing.T) {
 	t.Parallel()
 	admin(t, outboxtest.AMQPURL())
@@ -146,6 +150,9 @@ func TestSenderMissingExchange(t *testing.T) {
 	err = s.Send(context.Background(), []outbox.Message{message("a.b", "", `{}`)})
 	if err == nil || !strings.Contains(err.Error(), "outboxtest.missing.") || !strings.Contains(err.Error(), "Declare") {
 		t.Fatalf("Send = %v, want an error naming the missing exchange and Declare", err)
+	}
+	if !outbox.IsUnavailable(err) {
+		t.Errorf("Send = %v, want it marked unavailable", err)
 	}
 }
 
@@ -171,8 +178,8 @@ func TestSenderConfirmNeverCame(t *testing.T) {
 		t.Fatalf("Send with the confirms cut off = %v, want a BatchError failing both messages", err)
 	}
 	for i, e := range be.Failed {
-		if !strings.Contains(e.Error(), "no confirm") || !errors.Is(e, context.DeadlineExceeded) {
-			t.Errorf("message %d: %v, want a missing confirm", i, e)
+		if !strings.Contains(e.Error(), "no confirm") || !errors.Is(e, context.DeadlineExceeded) || !outbox.IsUnavailable(e) {
+			t.Errorf("message %d: %v, want a missing confirm marked unavailable", i, e)
 		}
 	}
 	p.cut()

@@ -3,6 +3,7 @@ package outboxsqs_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/google/uuid"
 
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxsqs "github.com/txoutbox/outbox/transports/sqs"
 )
@@ -47,6 +49,7 @@ func TestConformance(t *testing.T) {
 					return err
 				}
 				return &outboxtest.TransportFixture{
+					Outage:   func(t *testing.T) *outboxtest.OutageFixture { return sqsOutage(t, fifo) },
 					Sender:   s,
 					Receiver: r,
 					Features: s.Features(),
@@ -92,5 +95,48 @@ func receiveForeign(ctx context.Context, c *sqs.Client, url string) (outboxtest.
 			m.Headers[k] = *v.StringValue
 		}
 		return m, nil
+	}
+}
+
+// sqsOutage is a queue on a private fauxqs, which the suite kills and starts again on the
+// same port; the emulator keeps nothing, so Start creates the queue again, as the
+// infrastructure would after losing it (in between, a Send meets a queue that does not
+// exist).
+func sqsOutage(t *testing.T, fifo bool) *outboxtest.OutageFixture {
+	fauxqs := outboxtest.StartNodeProcess(t, "fauxqs", "fauxqs", func(dir string, port int) ([]string, []string) {
+		return []string{"fauxqs.mjs"}, []string{"FAUXQS_PORT=" + strconv.Itoa(port)}
+	})
+	c := newClientAt("http://127.0.0.1:" + strconv.Itoa(fauxqs.Port))
+	name := "txo-" + uniqueName(t, 70)
+	attrs := map[string]string{}
+	if fifo {
+		name += ".fifo"
+		attrs[string(types.QueueAttributeNameFifoQueue)] = "true"
+	}
+	create := func(t testing.TB) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+		if err != nil {
+			t.Fatalf("creating queue %s: %v", name, err)
+		}
+		return *out.QueueUrl
+	}
+	url := create(t)
+	s, r := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url}), newReceiver(t, c, url)
+	return &outboxtest.OutageFixture{
+		Sender:   s,
+		Receiver: r,
+		Features: s.Features(),
+		Stop:     func(testing.TB) { fauxqs.Kill() },
+		Start: func(t testing.TB) {
+			fauxqs.Start()
+			if got := create(t); got != url {
+				t.Fatalf("the queue came back as %s, was %s", got, url)
+			}
+		},
+		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
+			return pgxtest.New(t, "outboxsqs").Pipeline(t, s, r)
+		},
 	}
 }

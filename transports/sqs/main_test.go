@@ -40,10 +40,13 @@ func (c closeIdle) Run() int {
 
 // newClient returns an SQS client for the emulator with static test credentials, never the
 // user's AWS environment.
-func newClient() *sqs.Client {
+func newClient() *sqs.Client { return newClientAt(outboxtest.SQSEndpoint()) }
+
+// newClientAt returns an SQS client for the emulator at endpoint.
+func newClientAt(endpoint string) *sqs.Client {
 	return sqs.New(sqs.Options{
 		Region:       "us-east-1",
-		BaseEndpoint: aws.String(outboxtest.SQSEndpoint()),
+		BaseEndpoint: aws.String(endpoint),
 		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
 			return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test", Source: "outboxsqs tests"}, nil
 		}),

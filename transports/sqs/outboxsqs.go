@@ -38,6 +38,22 @@
 // The [Sender] computes it the same way and fails a message over [SenderConfig].MaxMessageBytes
 // before sending it, with an error that wraps [outbox.ErrTooLarge], so the relay
 // dead-letters it at once with the limit in the reason.
+//
+// # Outages
+//
+// A call that fails for reasons of SQS, the endpoint or the connection is the broker's
+// fault, not the message's: its errors are marked with outbox.Unavailable, so the relay
+// pauses and probes until SQS takes messages again, spending no message's attempts. They
+// are: a request that could not be sent (refused, reset, DNS, TLS), no answer before the
+// send's deadline, throttling (RequestThrottled, KmsThrottled, the SDK's own retry quota
+// exhausted), a 5xx or a server-fault error code, credentials that cannot sign or are
+// refused (401, 403, AccessDenied, InvalidClientTokenId, SignatureDoesNotMatch,
+// ExpiredToken…), KMS errors of the queue's key, and a queue that does not exist (yet).
+// In a SendMessageBatch that SQS answered, an entry failed for reasons of SQS's own (not
+// the sender's fault, or one of those codes) is marked too; an entry refused for what the
+// message carries (InvalidMessageContents, InvalidAttributeName, InvalidAttributeValue,
+// InvalidParameterValue: permanent; MessageTooLong: outbox.ErrTooLarge) stays the
+// message's. A [Receiver]'s ReceiveMessage errors are marked the same way.
 package outboxsqs
 
 import (

@@ -90,7 +90,7 @@ func (r *Receiver) Receive(ctx context.Context, n int) ([]outbox.Delivery, error
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, ctxErr
 		}
-		return nil, fmt.Errorf("outboxsqs: receiving from %s: %w", r.q.name, err)
+		return nil, markBrokerFault(fmt.Errorf("outboxsqs: receiving from %s: %w", r.q.name, err))
 	}
 	if len(out.Messages) == 0 && wait == 0 {
 		if _, ok := ctx.Deadline(); ok { // too close to the deadline for another poll

@@ -74,7 +74,8 @@ type call struct {
 // once. It returns nil when SQS accepted every message, an *outbox.BatchError naming the
 // ones it did not, or the error of the only call when that call failed whole. Messages over
 // MaxMessageBytes, of an unrouted type, or that SQS cannot carry fail permanently without
-// being sent.
+// being sent. Failures that are SQS's, the endpoint's or the connection's are marked
+// outbox.Unavailable (see the package's Outages section).
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -124,7 +125,10 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	case len(failed) == 0:
 		return nil
 	case len(calls) == 1 && unsendable == 0 && lastErr != nil:
-		return lastErr
+		return markBrokerFault(lastErr)
+	}
+	for i, err := range failed {
+		failed[i] = markBrokerFault(err)
 	}
 	return &outbox.BatchError{Failed: failed}
 }
@@ -224,7 +228,8 @@ var permanentCodes = map[string]bool{
 }
 
 // entryError describes an entry SQS rejected: permanent when the message itself is at
-// fault, outbox.ErrTooLarge when it was too large for the queue.
+// fault, outbox.ErrTooLarge when it was too large for the queue, outbox.Unavailable when
+// SQS failed it for reasons of its own (a server fault, throttling, KMS).
 func entryError(m outbox.Message, q *queue, f types.BatchResultErrorEntry) error {
 	code, text := deref(f.Code), deref(f.Message)
 	err := &smithy.GenericAPIError{Code: code, Message: text, Fault: smithy.FaultServer}
@@ -235,8 +240,11 @@ func entryError(m outbox.Message, q *queue, f types.BatchResultErrorEntry) error
 		return fmt.Errorf("outboxsqs: queue %s rejected message %s as too large (its MaximumMessageSize is below SenderConfig.MaxMessageBytes): %w: %w", q.name, m.ID, outbox.ErrTooLarge, err)
 	}
 	wrapped := fmt.Errorf("outboxsqs: queue %s rejected message %s: %w", q.name, m.ID, err)
-	if f.SenderFault && permanentCodes[code] {
+	switch {
+	case f.SenderFault && permanentCodes[code]:
 		return outbox.Permanent(wrapped)
+	case isBrokerEntryFault(f):
+		return outbox.Unavailable(wrapped)
 	}
 	return wrapped
 }

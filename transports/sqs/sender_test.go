@@ -193,7 +193,8 @@ func TestSendHonoursContext(t *testing.T) {
 	outboxtest.ExpectNone(t, newReceiver(t, c, url), 500*time.Millisecond)
 }
 
-// A missing queue fails the whole batch with a retryable error that names the queue.
+// A missing queue fails the whole batch with an error that names the queue, marked as the
+// broker's fault (outbox.Unavailable): the relay waits for the queue, spending no attempt.
 func TestSendToMissingQueue(t *testing.T) {
 	t.Parallel()
 	c := requireSQS(t)
@@ -201,8 +202,8 @@ func TestSendToMissingQueue(t *testing.T) {
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
 	err := s.Send(context.Background(), []outbox.Message{message("t", "", `{}`), message("t", "", `{}`)})
 	var be *outbox.BatchError
-	if err == nil || errors.As(err, &be) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "txo-does-not-exist") {
-		t.Fatalf("Send to a missing queue = %v, want one retryable error naming the queue", err)
+	if err == nil || errors.As(err, &be) || !outbox.IsUnavailable(err) || !strings.Contains(err.Error(), "txo-does-not-exist") {
+		t.Fatalf("Send to a missing queue = %v, want one error marked unavailable naming the queue", err)
 	}
 	t.Log(err)
 }

@@ -1,0 +1,380 @@
+package outboxtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/deadletter"
+)
+
+// OutageFixture is a destination on a broker that the Outage subtests of
+// [ExerciseTransport] may stop and start again: a private broker process or in-process
+// cluster of the test's own, never a shared one.
+type OutageFixture struct {
+	// Sender and Receiver reach the broker that Stop and Start control, and reconnect by
+	// themselves once it is back.
+	Sender   outbox.Sender
+	Receiver outbox.Receiver
+	// Features are the Sender's: MaxMessageBytes (0: none) for a per-message fault, FIFO to
+	// check per-key order through the outage.
+	Features outbox.TransportFeatures
+	// Stop makes the broker unavailable and returns once it is (a process killed, a
+	// cluster closed, a hook that refuses every send).
+	Stop func(t testing.TB)
+	// Start brings the broker back and returns once it accepts connections, with the
+	// destination the Sender and Receiver use (an emulator that keeps nothing across a
+	// restart must have its queue created again).
+	Start func(t testing.TB)
+	// Pipeline, when set, returns an outbox in front of Sender and Receiver (pgxtest's
+	// Outbox.Pipeline does it): the suite then runs a relay through an outage ten times
+	// longer than their retry horizon.
+	Pipeline func(t *testing.T) *PipelineFixture
+	// SendTimeout bounds each Send, as RelayConfig.SendTimeout does for the relay: while the
+	// broker is down a Send must fail within it. Default 10s.
+	SendTimeout time.Duration
+	// Timeout bounds each wait for the broker to take messages again and for messages to
+	// arrive. Default 60s.
+	Timeout time.Duration
+}
+
+// exerciseTransportOutage runs the Outage subtests on one broker, one after the other: the broker is
+// the test's own, and each subtest stops and starts it.
+func exerciseTransportOutage(t *testing.T, o *OutageFixture) {
+	if o.SendTimeout == 0 {
+		o.SendTimeout = 10 * time.Second
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 60 * time.Second
+	}
+	t.Run("SendFailsAsUnavailable", func(t *testing.T) { sendFailsAsUnavailable(t, o) })
+	t.Run("RelayWaitsOutTheOutage", func(t *testing.T) {
+		if o.Pipeline == nil {
+			t.Skip("fixture has no Pipeline")
+		}
+		relayWaitsOutTheOutage(t, o)
+	})
+}
+
+// outageSwitch stops and starts o's broker, and starts it again when the test ends early.
+type outageSwitch struct {
+	o    *OutageFixture
+	down bool
+}
+
+func newOutageSwitch(t testing.TB, o *OutageFixture) *outageSwitch {
+	s := &outageSwitch{o: o}
+	t.Cleanup(func() {
+		if s.down {
+			s.start(t)
+		}
+	})
+	return s
+}
+
+func (s *outageSwitch) stop(t testing.TB) {
+	t.Helper()
+	s.down = true
+	s.o.Stop(t)
+}
+
+func (s *outageSwitch) start(t testing.TB) {
+	t.Helper()
+	s.o.Start(t)
+	s.down = false
+}
+
+// sendFailsAsUnavailable: a Send while the broker is down fails for every message with an
+// error marked outbox.Unavailable, and so does every failed Send until the broker takes
+// messages again; after the restart the same batch goes through; a message over the size
+// limit stays its own fault.
+func sendFailsAsUnavailable(t *testing.T, o *OutageFixture) {
+	sw := newOutageSwitch(t, o)
+	send := func(msgs []outbox.Message) error {
+		ctx, cancel := context.WithTimeout(context.Background(), o.SendTimeout)
+		defer cancel()
+		return o.Sender.Send(ctx, msgs)
+	}
+	warm := []outbox.Message{testMessage("acct-1", `{"n":1}`), testMessage("", `{"n":2}`)}
+	if err := send(warm); err != nil {
+		t.Fatalf("Send before the outage: %v", err)
+	}
+	recv := startCollecting(t, o.Receiver)
+	recv.await(t, o.Timeout, "the messages sent before the outage", warm...)
+
+	sw.stop(t)
+	batch := []outbox.Message{testMessage("acct-1", `{"n":3}`), testMessage("acct-2", `{"n":4}`), testMessage("", `{"n":5}`)}
+	for try := range 2 { // the relay's first send, then a probe
+		if err := allUnavailable(send(batch), len(batch)); err != nil {
+			t.Fatalf("Send %d while the broker is down: %v", try+1, err)
+		}
+	}
+
+	sw.start(t)
+	failures := 0
+	var last error
+	WaitFor(t, o.Timeout, "a Send to succeed after the broker restarted", func() bool {
+		err := send(batch) // the relay sends the same messages again
+		if err == nil {
+			return true
+		}
+		if err := failedUnavailable(err); err != nil { // some messages may go through already
+			t.Fatalf("Send while the broker comes back, failure %d: %v", failures+1, err)
+		}
+		failures++
+		last = err
+		return false
+	})
+	if failures > 0 {
+		t.Logf("%d Send(s) failed as unavailable while the broker came back (the last: %v)", failures, last)
+	}
+	recv.await(t, o.Timeout, "the batch sent after the restart", batch...)
+
+	if o.Features.MaxMessageBytes == 0 {
+		return
+	}
+	big := testMessage("acct-1", "")
+	big.ContentType = "application/octet-stream"
+	big.Body = bytes.Repeat([]byte{'x'}, o.Features.MaxMessageBytes+1)
+	ok := testMessage("acct-2", `{"n":6}`)
+	err := send([]outbox.Message{big, ok})
+	var be *outbox.BatchError
+	if !errors.As(err, &be) || len(be.Failed) != 1 || be.Failed[0] == nil {
+		t.Fatalf("Send of an oversize message and a valid one = %v, want a BatchError failing only the first", err)
+	}
+	if e := be.Failed[0]; outbox.IsUnavailable(e) || !errors.Is(e, outbox.ErrTooLarge) {
+		t.Fatalf("oversize message: %v (unavailable %v), want its own fault wrapping outbox.ErrTooLarge", e, outbox.IsUnavailable(e))
+	}
+	recv.await(t, o.Timeout, "the valid message sent with the oversize one", ok)
+}
+
+// allUnavailable checks that err fails all n messages of a Send, each marked unavailable:
+// one error for the whole Send, or an *outbox.BatchError naming every message.
+func allUnavailable(err error, n int) error {
+	if err == nil {
+		return errors.New("succeeded, want every message to fail as unavailable")
+	}
+	var be *outbox.BatchError
+	if !errors.As(err, &be) {
+		if !outbox.IsUnavailable(err) {
+			return fmt.Errorf("failed whole with an error not marked unavailable (outbox.IsUnavailable false): %w", err)
+		}
+		return nil
+	}
+	var errs []error
+	for i := range n {
+		e, failed := be.Failed[i]
+		switch {
+		case !failed:
+			errs = append(errs, fmt.Errorf("message %d did not fail", i))
+		case !outbox.IsUnavailable(e):
+			errs = append(errs, fmt.Errorf("message %d failed with an error not marked unavailable: %w", i, e))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// failedUnavailable checks that every failure err reports is marked unavailable.
+func failedUnavailable(err error) error {
+	var be *outbox.BatchError
+	if !errors.As(err, &be) {
+		return allUnavailable(err, 0)
+	}
+	var errs []error
+	for i, e := range be.Failed {
+		if !outbox.IsUnavailable(e) {
+			errs = append(errs, fmt.Errorf("message %d failed with an error not marked unavailable: %w", i, e))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// relayWaitsOutTheOutage: a relay whose retry horizon (MaxAttempts × RetryBackoff) is
+// 600ms keeps events, keyed and keyless, through an outage ten times as long: none is
+// dead-lettered, Relay.State says since when the broker is unavailable, and after the
+// restart every event is delivered (in order per key on a FIFO transport) and the state
+// clears.
+func relayWaitsOutTheOutage(t *testing.T, o *OutageFixture) {
+	const (
+		maxAttempts = 3
+		backoff     = 200 * time.Millisecond
+		horizon     = maxAttempts * backoff
+		outage      = 10 * horizon
+	)
+	sw := newOutageSwitch(t, o)
+	p := o.Pipeline(t)
+	ctx := context.Background()
+	relay, err := outbox.NewRelay(p.Store, p.Sender, &outbox.RelayConfig{
+		Name: "outage", MaxAttempts: maxAttempts, RetryBackoff: backoff, MaxRetryBackoff: backoff,
+		UnavailableBackoff: 50 * time.Millisecond, MaxUnavailableBackoff: 500 * time.Millisecond,
+		Lease: 6 * time.Second, SendTimeout: 2 * time.Second, MinPollInterval: 10 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stopRelay := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	defer func() {
+		stopRelay()
+		if err := <-done; err != nil {
+			t.Errorf("Relay.Run: %v", err)
+		}
+	}()
+	recv := startCollecting(t, p.Receiver)
+
+	var published []outbox.Encodable
+	publish := func(from, n int) []outbox.Message {
+		t.Helper()
+		var events []outbox.Encodable
+		var msgs []outbox.Message
+		for i := from; i < from+n; i++ {
+			var opts []outbox.Option
+			if i%3 != 0 {
+				opts = append(opts, outbox.WithKey(fmt.Sprintf("acct-%d", i%4)))
+			}
+			e := outbox.New(Note{Text: fmt.Sprintf("event %d", i)}, opts...)
+			events = append(events, e)
+			m, _ := e.Encode()
+			msgs = append(msgs, m)
+		}
+		if err := p.Publish(ctx, events...); err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		published = append(published, events...)
+		relay.Wake()
+		return msgs
+	}
+	before := publish(0, 12)
+	recv.await(t, o.Timeout, "the events published before the outage", before...)
+
+	sw.stop(t)
+	stoppedAt := time.Now()
+	during := publish(12, 12)
+	WaitFor(t, o.Timeout, "Relay.State to report the broker unavailable", func() bool {
+		return !relay.State().BrokerUnavailableSince.IsZero()
+	})
+	during = append(during, publish(24, 12)...)
+	// The outage lasts this long, whatever happens meanwhile: ten times the horizon over
+	// which a failure counted against each message would have dead-lettered it.
+	time.Sleep(time.Until(stoppedAt.Add(outage)))
+	if s := relay.State(); s.BrokerUnavailableSince.Before(stoppedAt) || s.BrokerErr == nil || !outbox.IsUnavailable(s.BrokerErr) {
+		t.Errorf("relay state %+v after %v of outage, want the broker unavailable since the outage began", s, time.Since(stoppedAt).Round(time.Millisecond))
+	}
+	expectNoDeadLetters(t, p.DeadLetters, "during the outage")
+
+	sw.start(t)
+	restartedAt := time.Now()
+	recv.await(t, o.Timeout, "every event published during the outage", during...)
+	t.Logf("broker down %v (%d× the retry horizon of %v); the events came through %v after the restart",
+		restartedAt.Sub(stoppedAt).Round(time.Millisecond), outage/horizon, horizon, time.Since(restartedAt).Round(time.Millisecond))
+	WaitFor(t, o.Timeout, "Relay.State to report the broker available again", func() bool {
+		s := relay.State()
+		return s.Running && s.BrokerUnavailableSince.IsZero() && s.BrokerErr == nil
+	})
+	expectNoDeadLetters(t, p.DeadLetters, "after the outage")
+	if o.Features.FIFO {
+		CheckPerKeyOrder(t, published, recv.messages())
+	}
+}
+
+func expectNoDeadLetters(t testing.TB, dl deadletter.Table, when string) {
+	t.Helper()
+	entries, err := dl.List(context.Background(), deadletter.Filter{})
+	if err != nil {
+		t.Fatalf("listing dead letters: %v", err)
+	}
+	for _, e := range entries {
+		t.Errorf("dead letter %s: %s", when, e.Reason)
+	}
+}
+
+// collector receives from a Receiver in the background, acking each delivery, for tests in
+// which the broker goes away: a failed Receive is tried again (a receiver reconnects), not
+// fatal.
+type collector struct {
+	mu   sync.Mutex
+	seen map[uuid.UUID]int
+	msgs []outbox.Message // in order of arrival, copies included
+	errs int
+	last error
+}
+
+// startCollecting receives from r until the test ends.
+func startCollecting(t testing.TB, r outbox.Receiver) *collector {
+	c := &collector{seen: map[uuid.UUID]int{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+			ds, err := r.Receive(rctx, 100)
+			rcancel()
+			if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				c.mu.Lock()
+				c.errs, c.last = c.errs+1, err
+				c.mu.Unlock()
+				select { // a receiver that fails at once would spin
+				case <-ctx.Done():
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			for _, d := range ds {
+				m, err := d.Message()
+				_ = d.Ack(ctx) // a lost ack is a copy later, which the collector counts
+				if err != nil {
+					continue
+				}
+				c.mu.Lock()
+				c.seen[m.ID]++
+				c.msgs = append(c.msgs, m)
+				c.mu.Unlock()
+			}
+		}
+	}()
+	return c
+}
+
+// await waits until every one of want has arrived at least once.
+func (c *collector) await(t testing.TB, timeout time.Duration, what string, want ...outbox.Message) {
+	t.Helper()
+	missing := func() int {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		n := 0
+		for _, m := range want {
+			if c.seen[m.ID] == 0 {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(timeout)
+	for n := missing(); n > 0; n = missing() {
+		if time.Now().After(deadline) {
+			c.mu.Lock()
+			errs, last := c.errs, c.last
+			c.mu.Unlock()
+			t.Fatalf("timed out after %v waiting for %s: %d of %d missing (%d failed receives, the last: %v)",
+				timeout, what, n, len(want), errs, last)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (c *collector) messages() []outbox.Message {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]outbox.Message(nil), c.msgs...)
+}
