@@ -267,6 +267,65 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		expectPending(t, f, 0)
 	})
 
+	// A relay whose lease expired cannot hold a row that another relay claimed since (its
+	// write-back carries a stale token); one whose lease expired unclaimed still can, and the
+	// key's next row then waits.
+	t.Run("StaleHoldChangesNothing", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		x := outbox.New(Note{N: 1}, outbox.WithKey("k"))
+		y := outbox.New(Note{N: 2}, outbox.WithKey("k"))
+		mustPublish(t, f, true, x, y)
+		claim := func(token int64, limit int, lease time.Duration) []outbox.Claimed {
+			t.Helper()
+			c, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: token, Limit: limit, Lease: lease})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		first := claim(11, 1, 300*time.Millisecond)
+		if len(first) != 1 || first[0].Message.ID != x.ID {
+			t.Fatalf("first claim: %+v", first)
+		}
+		var second []outbox.Claimed
+		WaitFor(t, 10*time.Second, "the expired lease to be reclaimed", func() bool {
+			second = claim(22, 10, time.Minute)
+			return len(second) > 0
+		})
+		if second[0].Message.ID != x.ID {
+			t.Fatalf("the reclaim took %v first, want the key's first event", second[0].Message.ID)
+		}
+		hold := []outbox.DeadLetter{{Seq: first[0].Seq, Kind: string(deadletter.KindPermanent), Reason: "stale", HoldKey: true}}
+		if moved, err := f.Store.DeadLetter(ctx, 11, hold); err != nil || len(moved) != 0 {
+			t.Fatalf("a stale DeadLetter with HoldKey moved %v (%v), want nothing", moved, err)
+		}
+		if dl := deadLetters(t, f); len(dl) != 0 {
+			t.Fatalf("a stale owner dead-lettered a message: %+v", dl)
+		}
+		// The current owner gives them back; its own lease then runs out unclaimed, and
+		// its late hold still applies (its token is the row's last).
+		seqs := make([]int64, len(second))
+		for i, c := range second {
+			seqs[i] = c.Seq
+		}
+		if err := f.Store.Release(ctx, 22, seqs); err != nil {
+			t.Fatal(err)
+		}
+		third := claim(33, 1, time.Millisecond) // a lease that is over by the write-back
+		if len(third) != 1 || third[0].Message.ID != x.ID {
+			t.Fatalf("third claim: %+v", third)
+		}
+		hold[0].Seq = third[0].Seq
+		if moved, err := f.Store.DeadLetter(ctx, 33, hold); err != nil || len(moved) != 1 {
+			t.Fatalf("a DeadLetter with HoldKey after its lease expired, unclaimed: moved %v (%v), want the row", moved, err)
+		}
+		if c := claim(44, 10, time.Minute); len(c) != 0 {
+			t.Fatalf("a claim took %d rows of a held key", len(c))
+		}
+		expectPending(t, f, 2)
+	})
+
 	// A row the relay cannot read, whose key it can, holds that key too: replaying it is
 	// refused (it would only fail again), discarding it lets the key go on.
 	t.Run("UnreadableRowHoldsItsKey", func(t *testing.T) {
