@@ -105,8 +105,8 @@ func (o *testOutbox) rawSQL() *outboxtest.RawSQL {
 			return func() { _ = tx.Rollback(context.Background()) }, nil
 		},
 		KillWaiting: func(ctx context.Context) (n int, err error) {
-			err = o.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
- WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND strpos(query, $1) > 0`, `"`+o.schema+`"`).Scan(&n)
+			err = o.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+ WHERE NOT granted AND relation = $1::regclass AND pid <> pg_backend_pid()`, o.schema+".outbox").Scan(&n)
 			return n, err
 		},
 	}

@@ -314,14 +314,15 @@ func (tg *Target) lock(ctx context.Context) (func(), error) {
 	}, nil
 }
 
-// killWaiting terminates the connections that wait for lock's lock: those whose statement
-// names this test's outbox (its schema or table prefix is its own) and that wait for a lock.
+// killWaiting terminates the connections that wait for lock's lock: on PostgreSQL those
+// waiting for a lock on this test's outbox table, on MySQL those whose statement names it
+// (its table prefix is the test's own) and that wait for a table lock.
 func (tg *Target) killWaiting(ctx context.Context) (int, error) {
 	switch tg.Dialect {
 	case "postgres":
 		var n int
-		err := tg.DB.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
- WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND strpos(query, $1) > 0`, `"`+tg.Tables.Schema+`"`).Scan(&n)
+		err := tg.DB.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+ WHERE NOT granted AND relation = $1::regclass AND pid <> pg_backend_pid()`, tg.names.Outbox).Scan(&n)
 		return n, err
 	case "mysql":
 		rows, err := tg.DB.QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND STATE LIKE 'Waiting for table%' AND LOCATE(?, INFO) > 0", tg.Tables.Outbox)
