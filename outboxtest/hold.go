@@ -237,10 +237,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 			}
 			return nil
 		}})
-		relays := 3
-		if f.SingleRelay {
-			relays = 1
-		}
+		relays := f.relays()
 		cfg := fastRelay("held", 10)
 		cfg.BatchSize = 6
 		RunRelays(t, f.Store, q, relays, cfg, func() bool {

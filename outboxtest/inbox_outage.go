@@ -60,28 +60,10 @@ func exerciseInboxOutages[TTx any](t *testing.T, newFixture func(t *testing.T) *
 				return f.IdempotentGrouped(h, nil)
 			},
 		} {
-			unlock, err := f.SQL.Lock(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			handled := make(chan error, 1)
 			h := wrap(func(ctx context.Context, tx TTx, e outbox.Event[Note]) error {
 				return f.Publish(ctx, tx, outbox.New(Note{Text: "follow-up"}))
 			})
-			go func() { handled <- h(ctx, outbox.New(Note{Text: name})) }()
-			WaitFor(t, 30*time.Second, name+"'s statement to wait for the lock, and its connection to be dropped", func() bool {
-				n, err := f.SQL.KillWaiting(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n > 0
-			})
-			select {
-			case err = <-handled:
-			case <-time.After(30 * time.Second):
-				t.Fatalf("%s did not return within 30s of its connection being dropped", name)
-			}
-			unlock()
+			err := f.SQL.dropUnderLock(t, name+"'s statement", func() error { return h(ctx, outbox.New(Note{Text: name})) })
 			if !outbox.IsUnavailable(err) || errors.Is(err, outbox.ErrSchema) {
 				t.Errorf("%s whose connection was dropped: %v, want an error for which outbox.IsUnavailable is true", name, err)
 			}

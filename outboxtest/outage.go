@@ -70,32 +70,41 @@ func exerciseOutages(t *testing.T, newFixture func(t *testing.T) *StoreFixture) 
 			t.Skip("the fixture cannot drop a connection (SQLite has none)")
 		}
 		mustPublish(t, f, true, outbox.New(Note{Text: "waits"}, outbox.WithKey("k")))
-		unlock, err := f.SQL.Lock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unlock()
-		claimed := make(chan error, 1)
-		go func() {
+		err := f.SQL.dropUnderLock(t, "the claim", func() error {
 			_, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute})
-			claimed <- err
-		}()
-		WaitFor(t, 30*time.Second, "the claim to wait for the lock, and its connection to be dropped", func() bool {
-			n, err := f.SQL.KillWaiting(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n > 0
+			return err
 		})
-		select {
-		case err = <-claimed:
-		case <-time.After(30 * time.Second):
-			t.Fatal("the claim did not return within 30s of its connection being dropped")
-		}
 		if !outbox.IsUnavailable(err) {
 			t.Fatalf("a claim whose connection was dropped: %v, want an error for which outbox.IsUnavailable is true", err)
 		}
 	})
+}
+
+// dropUnderLock runs call while the outbox table is locked (Lock), waits for its statement
+// to wait for the lock, drops its connection (KillWaiting) and returns call's error.
+func (s *RawSQL) dropUnderLock(t *testing.T, what string, call func() error) error {
+	t.Helper()
+	ctx := context.Background()
+	unlock, err := s.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	WaitFor(t, 30*time.Second, what+" to wait for the lock, and its connection to be dropped", func() bool {
+		n, err := s.KillWaiting(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not return within 30s of its connection being dropped", what)
+	}
+	return err
 }
 
 // expectSchemaError fails unless err wraps outbox.ErrSchema and says to run Migrate.

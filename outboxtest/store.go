@@ -87,6 +87,15 @@ func fastRelay(name string, maxAttempts int) *outbox.RelayConfig {
 	}
 }
 
+// relays is how many relays the multi-relay tests run on f: 3, or 1 where the database
+// takes one at a time.
+func (f *StoreFixture) relays() int {
+	if f.SingleRelay {
+		return 1
+	}
+	return 3
+}
+
 // skipKey sets cfg's KeyPolicy to SkipKey and returns it.
 func skipKey(cfg *outbox.RelayConfig) *outbox.RelayConfig {
 	cfg.KeyPolicy = outbox.SkipKey
@@ -337,10 +346,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		}
 		mustPublish(t, f, true, events...)
 		q := flakyQueue(3)
-		relays := 3
-		if f.SingleRelay {
-			relays = 1
-		}
+		relays := f.relays()
 		// Small batches and retries slow enough that other relays claim meanwhile: a store
 		// that let a key's later event overtake one waiting for its retry would show here.
 		cfg := fastRelay("order", 1000)
@@ -368,10 +374,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		}
 		mustPublish(t, f, true, events...)
 		q := flakyQueue(3)
-		relays := 3
-		if f.SingleRelay {
-			relays = 1
-		}
+		relays := f.relays()
 		cfg := fastRelay("deep", 1000)
 		cfg.BatchSize, cfg.RetryBackoff, cfg.MaxRetryBackoff = 8, 20*time.Millisecond, 20*time.Millisecond
 		RunRelays(t, f.Store, q, relays, cfg, func() bool { return len(ids(q.Sent())) >= len(events) })
