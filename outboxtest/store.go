@@ -103,7 +103,10 @@ func skipKey(cfg *outbox.RelayConfig) *outbox.RelayConfig {
 }
 
 // ExerciseStore runs the relay-store conformance suite. newFixture is called once per
-// subtest and must return an empty outbox.
+// subtest and must return an empty outbox. Besides delivery, order, leases and poison, it
+// holds a store to the contract of DeadLetter.HoldKey (with DeadLetterTable's Replay and
+// Discard), Claimed.FirstFailedAt, outbox.Validator and outbox.ErrSchema (with Unmigrate),
+// and outbox.Unavailable for a dropped connection (with RawSQL.Lock).
 func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 	t.Helper()
 	ctx := context.Background()
