@@ -314,8 +314,9 @@ func (t *relayTelemetry) observeStats(sr StatsReader) func() {
 		o.ObserveFloat64(i.BacklogAge, age(now, st.OldestUndelivered), set)
 		o.ObserveInt64(i.DeadLettersPending, st.DeadLettersPending, set)
 		o.ObserveFloat64(i.DeadLetterAge, age(now, st.OldestPendingDeadLetter), set)
+		o.ObserveInt64(i.HeldKeys, st.HeldKeys, set)
 		return nil
-	}, i.Backlog, i.BacklogAge, i.DeadLettersPending, i.DeadLetterAge)
+	}, i.Backlog, i.BacklogAge, i.DeadLettersPending, i.DeadLetterAge, i.HeldKeys)
 	if err != nil {
 		t.log.Warn("outbox relay: the outbox gauges are unavailable", "err", err)
 		return func() {}

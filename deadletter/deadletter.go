@@ -12,6 +12,12 @@
 // column are cut (with a trailing "…") — and the entry as it came is kept in the table's
 // raw column ([Entry.Raw]), so nothing is lost. A message the consumer could not read at
 // all (an [outbox.MalformedError]) keeps its body and attributes as received there too.
+//
+// A keyed event that the relay dead-letters holds its key by default (RelayConfig.KeyPolicy
+// HoldKey): the key's later events wait until the entry is replayed — the event goes first,
+// then the others follow — or discarded — the key moves on ([Entry.HeldSeq]). Held keys
+// show in Stats.HeldKeys, `outbox status`, the console and the txoutbox.outbox.held_keys
+// gauge.
 package deadletter
 
 import (
@@ -99,6 +105,14 @@ type Entry struct {
 	// evidence the other fields cannot hold; the table fills in the rest. A raw column that
 	// no longer parses (edited by hand) comes back whole in Raw.Body.
 	Raw *Raw
+
+	// HeldSeq is the outbox row this dead letter holds, 0 if none: a keyed event that the
+	// relay dead-lettered under KeyPolicy HoldKey (the default) stays in the outbox, never
+	// claimed, as the first row of its key, and the key's later events wait behind it.
+	// [Table.Replay] makes that row deliverable again where it stands, so it goes first;
+	// [Table.Discard] deletes it, and the key moves on. Only the relay's write-back sets it
+	// ([Writer.Add] ignores it).
+	HeldSeq int64
 
 	// FirstFailedAt and LastFailedAt are the first and the last failure, by the
 	// database's clock.
@@ -189,10 +203,15 @@ type Table interface {
 	Get(ctx context.Context, id int64) (Entry, error)
 	// Replay puts a pending entry's event back into the outbox (same event ID, so
 	// idempotent consumers that already handled it skip it) and marks the entry replayed, in
-	// one transaction. It fails with [ErrNotReplayable] for an entry that cannot be rebuilt
-	// into its event.
+	// one transaction. An entry that holds its key (HeldSeq) makes its held row deliverable
+	// again where it stands: the key's first row, so it is delivered before the key's later
+	// events, which then follow. Any other entry's event is inserted anew, after whatever
+	// the outbox holds. It fails with [ErrNotReplayable] for an entry that cannot be rebuilt
+	// into its event (for a held row: one the relay could not read).
 	Replay(ctx context.Context, id int64) error
-	// Discard marks a pending entry discarded; the row stays for audit.
+	// Discard marks a pending entry discarded; the entry stays for audit. An entry that
+	// holds its key (HeldSeq) deletes its held row in the same transaction: the key's later
+	// events go on.
 	Discard(ctx context.Context, id int64) error
 	// Prune deletes up to limit entries that were replayed or discarded more than
 	// retention ago (by the database clock), and returns how many it deleted. Pending

@@ -59,6 +59,8 @@ type IdempotencyFixture[TTx any] struct {
 	// SQL reaches the tables with raw SQL; the poison tests check the dialect's column
 	// limits by its Dialect.
 	SQL *RawSQL
+	// Unmigrate drops the outbox's tables (see StoreFixture.Unmigrate); nil skips that test.
+	Unmigrate func(ctx context.Context) error
 }
 
 // idemMode is one of the adapter's exactly-once wrappers, as the consumer-driven cases use it.
@@ -91,6 +93,7 @@ func ExerciseIdempotency[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 		exerciseGroupCommit(t, newFixture)
 	})
 	exercisePoisonConsumer(t, newFixture)
+	exerciseInboxOutages(t, newFixture)
 	t.Run("DeadLetterListReplayDiscard", func(t *testing.T) {
 		t.Parallel()
 		deadLetterListReplayDiscard(t, newFixture(t))

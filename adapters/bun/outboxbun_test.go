@@ -339,10 +339,11 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 			_, err := tx.ExecContext(ctx, "INSERT INTO "+effects+" (id, text) VALUES (?, ?)", id, text)
 			return err
 		},
-		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
-		Pending:  o.Pending,
-		AgeInbox: o.AgeInbox,
-		SQL:      o.RawSQL(),
+		Effects:   func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
+		Pending:   o.Pending,
+		AgeInbox:  o.AgeInbox,
+		SQL:       o.RawSQL(),
+		Unmigrate: o.Unmigrate,
 	}
 	var err error
 	if o.DefaultNames() {

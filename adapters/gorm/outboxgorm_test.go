@@ -308,10 +308,11 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 		Effect: func(ctx context.Context, tx *gorm.DB, id, text string) error {
 			return tx.WithContext(ctx).Exec("INSERT INTO "+effects+" (id, text) VALUES (?, ?)", id, text).Error
 		},
-		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
-		Pending:  o.Pending,
-		AgeInbox: o.AgeInbox,
-		SQL:      o.RawSQL(),
+		Effects:   func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
+		Pending:   o.Pending,
+		AgeInbox:  o.AgeInbox,
+		SQL:       o.RawSQL(),
+		Unmigrate: o.Unmigrate,
 	}
 	var err error
 	if o.DefaultNames() {

@@ -126,5 +126,9 @@ func (o *testOutbox) idempotencyFixture(t *testing.T, pool *pgxpool.Pool) *outbo
 			return nil
 		},
 		SQL: o.rawSQL(),
+		Unmigrate: func(ctx context.Context) error {
+			_, err := o.pool.Exec(ctx, "DROP SCHEMA "+o.schema+" CASCADE")
+			return err
+		},
 	}
 }

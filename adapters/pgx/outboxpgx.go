@@ -95,7 +95,7 @@ func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable)
 		err = o.copy(ctx, tx, msgs)
 	}
 	if err != nil {
-		return fmt.Errorf("outboxpgx: publishing %d event(s): %w", len(msgs), err)
+		return fmt.Errorf("outboxpgx: publishing %d event(s): %w", len(msgs), sqlstore.Classify(err, o.names))
 	}
 	return nil
 }

@@ -76,6 +76,10 @@ func (o *testOutbox) fixture(t testing.TB) *outboxtest.StoreFixture {
 		},
 		DeadLetterTable: o.deadLetters(t),
 		SQL:             o.rawSQL(),
+		Unmigrate: func(ctx context.Context) error {
+			_, err := o.pool.Exec(ctx, "DROP SCHEMA "+o.schema+" CASCADE")
+			return err
+		},
 	}
 }
 
@@ -89,6 +93,22 @@ func (o *testOutbox) rawSQL() *outboxtest.RawSQL {
 		},
 		Outbox:      o.schema + ".outbox",
 		DeadLetters: o.schema + ".outbox_dead_letters",
+		Lock: func(ctx context.Context) (func(), error) {
+			tx, err := o.pool.Begin(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := tx.Exec(ctx, "LOCK TABLE "+o.schema+".outbox IN ACCESS EXCLUSIVE MODE"); err != nil {
+				_ = tx.Rollback(ctx)
+				return nil, err
+			}
+			return func() { _ = tx.Rollback(context.Background()) }, nil
+		},
+		KillWaiting: func(ctx context.Context) (n int, err error) {
+			err = o.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+ WHERE NOT granted AND relation = $1::regclass AND pid <> pg_backend_pid()`, o.schema+".outbox").Scan(&n)
+			return n, err
+		},
 	}
 }
 

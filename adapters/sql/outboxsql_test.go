@@ -350,10 +350,11 @@ func (o *testOutbox) idempotencyFixture(t *testing.T, d outboxsql.Dialect) *outb
 			_, err := tx.ExecContext(ctx, insert, id, text)
 			return err
 		},
-		Effects:  func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
-		Pending:  o.Pending,
-		AgeInbox: o.AgeInbox,
-		SQL:      o.RawSQL(),
+		Effects:   func(ctx context.Context) (map[string]int, error) { return o.CountByText(ctx, effects) },
+		Pending:   o.Pending,
+		AgeInbox:  o.AgeInbox,
+		SQL:       o.RawSQL(),
+		Unmigrate: o.Unmigrate,
 	}
 	var err error
 	if o.DefaultNames() {

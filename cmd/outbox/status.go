@@ -39,8 +39,24 @@ type report struct {
 		OldestPendingFailedAt *time.Time  `json:"oldest_pending_failed_at,omitempty"`
 		Groups                []groupJSON `json:"groups"`
 	} `json:"dead_letters"`
+	// HeldKeys are the keys whose later events wait behind a pending dead letter of the
+	// relay: Count of them, and the first (oldest hold first).
+	HeldKeys struct {
+		Count int64      `json:"count"`
+		First []heldJSON `json:"first"`
+	} `json:"held_keys"`
 	Inbox []inboxJSON `json:"inbox"`
 }
+
+// heldJSON is a held key and the dead letter that holds it.
+type heldJSON struct {
+	Key          string    `json:"key"`
+	DeadLetterID int64     `json:"dead_letter_id"`
+	Since        time.Time `json:"since"`
+}
+
+// shownHeldKeys is how many held keys the status lists.
+const shownHeldKeys = 10
 
 type leaseJSON struct {
 	Owner     string    `json:"owner"`
@@ -111,6 +127,16 @@ func (s *store) readReport(ctx context.Context) (*report, error) {
 	if !stats.OldestPendingDeadLetter.IsZero() {
 		t := stats.OldestPendingDeadLetter.UTC()
 		r.DeadLetters.OldestPendingFailedAt = &t
+	}
+	r.HeldKeys.Count, r.HeldKeys.First = stats.HeldKeys, []heldJSON{}
+	if stats.HeldKeys > 0 {
+		held, err := sqlstore.HeldKeys(ctx, s.dialect, s.q, s.names, shownHeldKeys)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range held {
+			r.HeldKeys.First = append(r.HeldKeys.First, heldJSON{Key: h.Key, DeadLetterID: h.DeadLetterID, Since: h.Since})
+		}
 	}
 	groups, err := sqlstore.DeadLetterGroups(ctx, s.dialect, s.q, s.names)
 	if err != nil {
@@ -225,6 +251,7 @@ func (a *app) printReport(r *report) {
 		}
 		t.flush()
 	}
+	a.printHeldKeys(r)
 	if len(r.Inbox) == 0 {
 		fmt.Fprintf(w, "inbox         empty\n")
 		return
@@ -235,6 +262,28 @@ func (a *app) printReport(r *report) {
 		t.row("  "+cut(c.Consumer, 50), count(c.Keys))
 	}
 	t.flush()
+}
+
+// printHeldKeys prints the held keys, if any, and what to do about them.
+func (a *app) printHeldKeys(r *report) {
+	h := r.HeldKeys
+	if h.Count == 0 {
+		fmt.Fprintf(a.stdout, "held keys     none\n")
+		return
+	}
+	keys := count(h.Count) + " keys"
+	if h.Count == 1 {
+		keys = "1 key"
+	}
+	fmt.Fprintf(a.stdout, "held keys     %s held by a pending dead letter: their later events wait until it is replayed (it goes first) or discarded (the key moves on)\n", keys)
+	t := newTable(a.stdout, "  KEY", "DEAD LETTER", "SINCE")
+	for _, k := range h.First {
+		t.row("  "+clean(cut(k.Key, 60)), fmt.Sprint(k.DeadLetterID), stamp(k.Since))
+	}
+	t.flush()
+	if rest := h.Count - int64(len(h.First)); rest > 0 {
+		fmt.Fprintf(a.stdout, "  … and %s more\n", count(rest))
+	}
 }
 
 func orDash(s string) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -174,6 +175,71 @@ func TestStatus(t *testing.T) {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("status lacks %q:\n%s", want, r.stdout)
 			}
+		}
+	})
+}
+
+// TestStatusShowsHeldKeys: a keyed event dead-lettered under KeyPolicy HoldKey holds its
+// key; "outbox status" (text and JSON) and the console's status page show the key and the
+// dead letter to replay or discard, until it is discarded.
+func TestStatusShowsHeldKeys(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, tb *testDB) {
+		ctx := context.Background()
+		tb.migrate(t)
+		r := ok(t, tb, "status")
+		if !strings.Contains(r.stdout, "held keys     none") {
+			t.Fatalf("status of an empty outbox lacks the held keys line:\n%s", r.stdout)
+		}
+		tb.publish(t, outbox.New(Placed{Order: 1}, outbox.WithKey("acct-1")), outbox.New(Placed{Order: 2}, outbox.WithKey("acct-1")))
+		store, err := tb.outbox.NewStore(tb.DB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := store.Claim(ctx, outbox.ClaimParams{Owner: "relay", Token: 1, Limit: 1, Lease: time.Minute})
+		if err != nil || len(c) != 1 {
+			t.Fatalf("claim: %d, %v", len(c), err)
+		}
+		if _, err := store.DeadLetter(ctx, 1, []outbox.DeadLetter{{Seq: c[0].Seq, Kind: "permanent", Reason: "refused", HoldKey: true}}); err != nil {
+			t.Fatal(err)
+		}
+		dl, err := tb.deadLetters(t).List(ctx, deadletter.Filter{})
+		if err != nil || len(dl) != 1 || dl[0].HeldSeq != c[0].Seq {
+			t.Fatalf("dead letters %+v (%v), want one holding row %d", dl, err, c[0].Seq)
+		}
+
+		r = ok(t, tb, "status", "--json")
+		var got report
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+			t.Fatalf("%v\n%s", err, r.stdout)
+		}
+		if h := got.HeldKeys; h.Count != 1 || len(h.First) != 1 || h.First[0].Key != "acct-1" || h.First[0].DeadLetterID != dl[0].ID {
+			t.Errorf("held keys %+v, want acct-1 held by dead letter %d", h, dl[0].ID)
+		}
+		r = ok(t, tb, "status")
+		for _, want := range []string{"held keys     1 key held by a pending dead letter", "acct-1", fmt.Sprint(dl[0].ID)} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("status lacks %q:\n%s", want, r.stdout)
+			}
+		}
+		if tb.Dialect == "sqlite" {
+			base := startConsole(t, tb, nil)
+			code, body := getPage(t, base+"/")
+			if code != 200 || !strings.Contains(body, `id="held-keys"`) || !strings.Contains(body, "acct-1") ||
+				!strings.Contains(body, fmt.Sprintf(`href="/dead-letters/%d"`, dl[0].ID)) {
+				t.Errorf("the console's status page (%d) does not show the held key and its dead letter:\n%s", code, body)
+			}
+		}
+
+		if err := tb.deadLetters(t).Discard(ctx, dl[0].ID); err != nil {
+			t.Fatal(err)
+		}
+		r = ok(t, tb, "status", "--json")
+		got = report{}
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.HeldKeys.Count != 0 || got.Backlog.Events != 1 {
+			t.Errorf("after the discard: %d held keys, %d events in the backlog; want 0 and 1 (the key's next event)", got.HeldKeys.Count, got.Backlog.Events)
 		}
 	})
 }

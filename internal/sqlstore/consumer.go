@@ -73,6 +73,18 @@ func forReplay(id int64, e deadletter.Entry) (outbox.Message, error) {
 	return m, nil
 }
 
+// replayableInPlace fails, wrapping deadletter.ErrNotReplayable, for an entry holding a row
+// that the relay could not read (replayed, it would only fail again: discard it, which
+// releases its key, and publish the event repaired). The held row is the event as it was
+// published, so an entry whose fields had to change to be stored replays in place.
+func replayableInPlace(id int64, e deadletter.Entry) error {
+	if e.Kind == deadletter.KindUnreadableRow || e.Kind == deadletter.KindMalformed {
+		return fmt.Errorf("%w: dead letter %d: it is %s: its outbox row %d cannot be read as an event (discard it to release its key)",
+			deadletter.ErrNotReplayable, id, e.Kind, e.HeldSeq)
+	}
+	return nil
+}
+
 // changedToStore reports whether the event of e differs from its Raw original.
 func changedToStore(e deadletter.Entry) bool {
 	r, m := e.Raw, e.Message

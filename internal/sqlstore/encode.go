@@ -86,7 +86,7 @@ func Publish(ctx context.Context, d Dialect, q Querier, n *Names, events []outbo
 		return err
 	}
 	if err := d.Insert(ctx, q, n, msgs); err != nil {
-		return fmt.Errorf("publishing %d event(s) to %s: %w", len(msgs), n.Outbox, err)
+		return fmt.Errorf("publishing %d event(s) to %s: %w", len(msgs), n.Outbox, Classify(err, n))
 	}
 	return nil
 }

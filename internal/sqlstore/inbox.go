@@ -48,9 +48,11 @@ func NewInbox[TTx any](adapter string, d Dialect, n *Names, db DB, begin func(co
 	return &Inbox[TTx]{Adapter: adapter, Dialect: c, Names: n, DB: db, Begin: begin, Tx: tx}, nil
 }
 
-// InTx implements idempotency.Inbox.
+// InTx implements idempotency.Inbox. An error that says the database is down or the
+// connection broke (beginning, committing, or in any statement of the transaction, the
+// handler's included) is marked outbox.Unavailable: not the message's fault.
 func (in *Inbox[TTx]) InTx(ctx context.Context, fn func(tx TTx) error) error {
-	return in.Begin(ctx, fn)
+	return ClassifyUnavailable(in.Begin(ctx, fn))
 }
 
 // Record implements idempotency.Inbox.
@@ -61,7 +63,7 @@ func (in *Inbox[TTx]) Record(ctx context.Context, tx TTx, key idempotency.Key) (
 	}
 	fresh, err := in.Dialect.InsertInbox(ctx, q, in.Names, key)
 	if err != nil {
-		return false, fmt.Errorf("%s: recording %s in %s: %w", in.Adapter, key, in.Names.Inbox, err)
+		return false, fmt.Errorf("%s: recording %s in %s: %w", in.Adapter, key, in.Names.Inbox, Classify(err, in.Names))
 	}
 	return fresh, nil
 }
@@ -74,7 +76,7 @@ func (in *Inbox[TTx]) RecordMany(ctx context.Context, tx TTx, keys []idempotency
 	}
 	fresh, err := in.Dialect.InsertInboxMany(ctx, q, in.Names, keys)
 	if err != nil {
-		return nil, fmt.Errorf("%s: recording %d keys in %s: %w", in.Adapter, len(keys), in.Names.Inbox, err)
+		return nil, fmt.Errorf("%s: recording %d keys in %s: %w", in.Adapter, len(keys), in.Names.Inbox, Classify(err, in.Names))
 	}
 	return fresh, nil
 }
@@ -83,7 +85,7 @@ func (in *Inbox[TTx]) RecordMany(ctx context.Context, tx TTx, keys []idempotency
 func (in *Inbox[TTx]) Seen(ctx context.Context, key idempotency.Key) (bool, error) {
 	seen, err := in.Dialect.SeenInbox(ctx, in.DB, in.Names, key)
 	if err != nil {
-		return false, fmt.Errorf("%s: looking %s up in %s: %w", in.Adapter, key, in.Names.Inbox, err)
+		return false, fmt.Errorf("%s: looking %s up in %s: %w", in.Adapter, key, in.Names.Inbox, Classify(err, in.Names))
 	}
 	return seen, nil
 }
@@ -95,7 +97,7 @@ func (in *Inbox[TTx]) Prune(ctx context.Context, retention time.Duration, limit 
 	}
 	n, err := in.Dialect.PruneInbox(ctx, in.DB, in.Names, retention, limit)
 	if err != nil {
-		return n, fmt.Errorf("%s: pruning %s: %w", in.Adapter, in.Names.Inbox, err)
+		return n, fmt.Errorf("%s: pruning %s: %w", in.Adapter, in.Names.Inbox, Classify(err, in.Names))
 	}
 	return n, nil
 }
@@ -104,7 +106,7 @@ func (in *Inbox[TTx]) Prune(ctx context.Context, retention time.Duration, limit 
 func (in *Inbox[TTx]) Counts(ctx context.Context) (map[string]int64, error) {
 	rows, err := in.DB.Query(ctx, "SELECT consumer, count(*) FROM "+in.Names.Inbox+" GROUP BY consumer")
 	if err != nil {
-		return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, err)
+		return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, Classify(err, in.Names))
 	}
 	defer rows.Close()
 	counts := map[string]int64{}
@@ -112,12 +114,12 @@ func (in *Inbox[TTx]) Counts(ctx context.Context) (map[string]int64, error) {
 		var name string
 		var n int64
 		if err := rows.Scan(&name, &n); err != nil {
-			return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, err)
+			return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, Classify(err, in.Names))
 		}
 		counts[name] = n
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, err)
+		return nil, fmt.Errorf("%s: counting %s: %w", in.Adapter, in.Names.Inbox, Classify(err, in.Names))
 	}
 	return counts, nil
 }
@@ -129,7 +131,7 @@ func (in *Inbox[TTx]) SaveResponse(ctx context.Context, tx TTx, key idempotency.
 		return err
 	}
 	if err := in.Dialect.SaveResponse(ctx, q, in.Names, key, r); err != nil {
-		return fmt.Errorf("%s: storing the response of %s in %s: %w", in.Adapter, key, in.Names.Responses, err)
+		return fmt.Errorf("%s: storing the response of %s in %s: %w", in.Adapter, key, in.Names.Responses, Classify(err, in.Names))
 	}
 	return nil
 }
@@ -138,7 +140,7 @@ func (in *Inbox[TTx]) SaveResponse(ctx context.Context, tx TTx, key idempotency.
 func (in *Inbox[TTx]) Response(ctx context.Context, key idempotency.Key) (idempotency.Response, bool, error) {
 	r, found, err := in.Dialect.LoadResponse(ctx, in.DB, in.Names, key)
 	if err != nil {
-		return r, false, fmt.Errorf("%s: reading the response of %s from %s: %w", in.Adapter, key, in.Names.Responses, err)
+		return r, false, fmt.Errorf("%s: reading the response of %s from %s: %w", in.Adapter, key, in.Names.Responses, Classify(err, in.Names))
 	}
 	return r, found, nil
 }

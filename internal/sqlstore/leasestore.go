@@ -24,13 +24,15 @@ type leaseStore struct {
 	// retry returns the statement, and its arguments, that releases rows for another
 	// attempt after their delay with their error, if they still carry token.
 	retry func(token int64, rs []outbox.Retry) (string, []any)
-	// take reads, inside DeadLetter's transaction, the rows seqs (JoinSeqs) that still
-	// carry token, in failedRow's columns, and deletes them.
-	take func(ctx context.Context, q Querier, token int64, seqs string) ([]failedRow, error)
+	// take reads, inside DeadLetter's transaction, the rows hold and drop that still carry
+	// token, in failedRow's columns; it holds the keyed rows of hold (heldAt, no lease:
+	// see hold.go) and deletes the others.
+	take func(ctx context.Context, q Querier, token int64, hold, drop []int64) ([]failedRow, error)
 	// dl writes the dialect's dead letters.
 	dl *dlWriter
-	// now is the dialect's expression for the database clock.
-	now string
+	// now is the dialect's expression for the database clock; held is a held row's
+	// available_at (heldAt).
+	now, held string
 	// key is the quoted key column (a reserved word in MySQL).
 	key string
 	// heads is the dialect's loose index scan over (key, seq); see planDeep.
@@ -48,11 +50,14 @@ func (s *leaseStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.
 	return s.claim(ctx, s, p)
 }
 
-// inSeqs renders "seq IN (1,2,3)". Splicing is safe: the values are formatted integers.
-func inSeqs(seqs []int64) string { return "seq IN (" + JoinSeqs(seqs) + ")" }
-
-// inJoined renders "seq IN (1,2,3)" from JoinSeqs' output.
-func inJoined(seqs string) string { return "seq IN (" + seqs + ")" }
+// inSeqs renders "seq IN (1,2,3)", or a condition no row meets for no seqs. Splicing is
+// safe: the values are formatted integers.
+func inSeqs(seqs []int64) string {
+	if len(seqs) == 0 {
+		return "1 = 0"
+	}
+	return "seq IN (" + JoinSeqs(seqs) + ")"
+}
 
 func (s *leaseStore) Complete(ctx context.Context, token int64, seqs []int64) error {
 	if len(seqs) == 0 {
@@ -84,16 +89,25 @@ func (s *leaseStore) Retry(ctx context.Context, token int64, retries []outbox.Re
 	return s.db.Exec(ctx, query, args...)
 }
 
-// DeadLetter moves the rows to the dead-letter table in one transaction: take locks, reads
-// and deletes them, and they are inserted made storable (see dlWriter.moveDeadLetters). The
-// first statement locks the rows, so they stay this claim's until it commits.
+// DeadLetter moves the rows to the dead-letter table in one transaction: take locks and
+// reads them, and deletes them or holds them (HoldKey), and they are inserted made storable
+// (see dlWriter.moveDeadLetters). The first statement locks the rows, so they stay this
+// claim's until it commits. A claim that planned a run through a row being held finds it
+// locked or no longer free, and ends the run there (keepRuns), as for a Retry.
 func (s *leaseStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) ([]int64, error) {
 	if len(dead) == 0 {
 		return nil, nil
 	}
+	hold, drop := holdSplit(dead)
 	return s.dl.moveDeadLetters(ctx, s.db, dead, func(ctx context.Context, q Querier) ([]failedRow, error) {
-		return s.take(ctx, q, token, deadSeqs(dead))
+		return s.take(ctx, q, token, hold, drop)
 	})
+}
+
+// holdRows is the statement that holds the rows of seqs (still carrying token, keyed).
+func (s *leaseStore) holdRows(seqs []int64) string {
+	return "UPDATE " + s.n.Outbox + " SET available_at = " + s.held +
+		", claim_token = NULL, lease_owner = NULL, lease_until = NULL WHERE claim_token = ? AND " + s.key + " <> '' AND " + inSeqs(seqs)
 }
 
 // failedColumns are the columns of a DeadLetter write-back's read, in failedRow order.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/txoutbox/outbox"
@@ -126,6 +127,7 @@ func (mysqlDialect) Store(db DB, n *Names) outbox.Store {
 		n:     n,
 		claim: mysqlClaim,
 		now:   mysqlNow,
+		held:  heldAt(MySQL),
 		key:   "`key`",
 		dl:    mysqlConsumer.writer(n),
 		// MySQL and MariaDB read the first row of each group of an index as a loose
@@ -158,19 +160,30 @@ func (mysqlDialect) Store(db DB, n *Names) outbox.Store {
 	}
 	// MySQL has no DELETE ... RETURNING: the locking read keeps the rows this claim's until
 	// the transaction commits.
-	s.take = func(ctx context.Context, q Querier, token int64, seqs string) ([]failedRow, error) {
+	s.take = func(ctx context.Context, q Querier, token int64, hold, drop []int64) ([]failedRow, error) {
 		rows, err := q.Query(ctx, "SELECT "+s.failedColumns("COALESCE(CAST(headers AS CHAR), '')")+
-			" FROM "+n.Outbox+" WHERE claim_token = ? AND "+inJoined(seqs)+" FOR UPDATE", token)
+			" FROM "+n.Outbox+" WHERE claim_token = ? AND "+inSeqs(append(slices.Clone(hold), drop...))+" FOR UPDATE", token)
 		if err != nil {
 			return nil, err
 		}
-		taken, err := scanFailed(rows)
+		taken, err := scanFailed(rows, false)
 		if err != nil || len(taken) == 0 {
 			return taken, err
 		}
-		return taken, q.Exec(ctx, "DELETE FROM "+n.Outbox+" WHERE claim_token = ? AND "+inJoined(seqs), token)
+		held, gone := splitTaken(taken, hold)
+		if len(held) > 0 {
+			if err := q.Exec(ctx, s.holdRows(held), token); err != nil {
+				return nil, err
+			}
+		}
+		if len(gone) > 0 {
+			if err := q.Exec(ctx, "DELETE FROM "+n.Outbox+" WHERE claim_token = ? AND "+inSeqs(gone), token); err != nil {
+				return nil, err
+			}
+		}
+		return taken, nil
 	}
-	return s
+	return classified(MySQL, db, n, s)
 }
 
 // mysqlRowsSQL builds a derived table of rows rows of typed placeholders, "SELECT
@@ -244,7 +257,7 @@ func mysqlClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]out
 			from, which, args = s.n.Outbox, inSeqs(seqs)+" AND "+s.free(""), nil
 		}
 		rows, err := q.Query(ctx, `SELECT seq, id, type, `+"`key`"+`, COALESCE(CAST(headers AS CHAR), ''),
-       content_type, body, created_at, attempts + 1
+       content_type, body, created_at, attempts + 1, first_failed_at
   FROM `+from+`
  WHERE `+which+`
    FOR UPDATE SKIP LOCKED`, args...)

@@ -173,7 +173,7 @@ var tableColumns = []struct {
 		"attempts", "claim_token", "lease_owner", "lease_until", "first_failed_at", "last_error"}},
 	{"_dead_letters", []string{"id", "event_id", "event_type", "event_key", "headers", "content_type", "body",
 		"created_at", "stage", "kind", "consumer", "reason", "attempts", "first_failed_at", "last_failed_at",
-		"status", "status_changed_at", "broker_message_id", "raw"}},
+		"status", "status_changed_at", "broker_message_id", "raw", "held_seq"}},
 	{"_inbox", []string{"consumer", "event_id", "processed_at"}},
 	{"_http_responses", []string{"consumer", "event_id", "request_hash", "status", "headers", "body", "processed_at"}},
 }
@@ -184,10 +184,14 @@ var ErrSchema = outbox.ErrSchema
 // Validate checks that n's tables are those this build of d expects: every migration
 // applied, none unknown, and every table with the columns the library reads and writes.
 // It changes nothing. The error wraps [ErrSchema] and names every problem.
+//
+// A database that cannot be reached fails it with an error marked outbox.Unavailable, and
+// a cancelled ctx with ctx's error, never with ErrSchema: a relay retries the one and stops
+// on the other.
 func Validate(ctx context.Context, d Dialect, q Querier, n *Names) error {
 	st, err := Migrations(ctx, d, q, n)
 	if err != nil {
-		return err
+		return ClassifyUnavailable(err)
 	}
 	var problems []error
 	for _, m := range st.Pending {
@@ -202,16 +206,24 @@ func Validate(ctx context.Context, d Dialect, q Querier, n *Names) error {
 			if n.Schema != "" {
 				name = d.Quote(n.Schema) + "." + name
 			}
+			// Qualified: SQLite reads an unqualified double-quoted name that is no column
+			// as a string.
 			cols := make([]string, len(t.columns))
 			for i, c := range t.columns {
-				cols[i] = d.Quote(c)
+				cols[i] = "t." + d.Quote(c)
 			}
-			rows, err := q.Query(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM "+name+" WHERE 1 = 0")
+			rows, err := q.Query(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM "+name+" AS t WHERE 1 = 0")
 			if err == nil {
 				rows.Close()
 				err = rows.Err()
 			}
-			if err != nil {
+			switch {
+			case err == nil:
+			case ctx.Err() != nil: // cancelled, not a problem of the schema
+				return fmt.Errorf("validating %s: %w", n.Outbox, err)
+			case databaseUnavailable(err):
+				return outbox.Unavailable(fmt.Errorf("validating %s: %w", n.Outbox, err))
+			default:
 				problems = append(problems, fmt.Errorf("table %s: %w", name, err))
 			}
 		}
@@ -265,12 +277,13 @@ func Leases(ctx context.Context, d Dialect, q Querier, n *Names) ([]Lease, time.
 	return out, now.t, nil
 }
 
-// Retrying counts the outbox rows that failed to be sent and wait for another attempt.
+// Retrying counts the outbox rows that failed to be sent and wait for another attempt (not
+// the rows held by a dead letter: see HeldKeys).
 func Retrying(ctx context.Context, d Dialect, q Querier, n *Names) (int64, error) {
 	o := d.ops()
 	var count int64
 	err := queryRow(ctx, q, []any{&count}, "SELECT count(*) FROM "+n.Outbox+
-		" WHERE last_error IS NOT NULL AND (lease_until IS NULL OR lease_until <= "+o.now+")")
+		" WHERE last_error IS NOT NULL AND (lease_until IS NULL OR lease_until <= "+o.now+") AND available_at <> "+heldAt(d))
 	if err != nil {
 		return 0, fmt.Errorf("counting the retrying rows of %s: %w", n.Outbox, err)
 	}

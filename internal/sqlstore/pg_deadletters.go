@@ -15,7 +15,7 @@ import (
 )
 
 func (d postgres) DeadLetters(db DB, n *Names) deadletter.Table {
-	return &pgDeadLetters{d: d, db: db, n: n}
+	return classifiedTable{&pgDeadLetters{d: d, db: db, n: n}, n}
 }
 
 type pgDeadLetters struct {
@@ -27,7 +27,8 @@ type pgDeadLetters struct {
 // pgDeadLetterColumns are the dead-letter columns in scanDeadLetters order.
 const pgDeadLetterColumns = `id, coalesce(event_id::text, ''), event_type, event_key, coalesce(headers::text, ''),
        content_type, body, created_at, stage, kind, consumer, reason, attempts, first_failed_at,
-       last_failed_at, status, coalesce(status_changed_at, 'epoch'::timestamptz), broker_message_id, raw`
+       last_failed_at, status, coalesce(status_changed_at, 'epoch'::timestamptz), broker_message_id, raw,
+       coalesce(held_seq, 0)`
 
 // pgDeadLetterWriter inserts dead letters into n's table.
 func pgDeadLetterWriter(n *Names) *dlWriter {
@@ -35,9 +36,9 @@ func pgDeadLetterWriter(n *Names) *dlWriter {
 		table: n.DeadLetters,
 		lim:   pgLimits,
 		tuple: func(row int) string {
-			o := row * 16
-			return fmt.Sprintf("($%d::uuid,$%d,$%d,$%d::jsonb,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d)",
-				o+1, o+2, o+3, o+4, o+5, o+6, o+7, o+8, o+9, o+10, o+11, o+12, o+13, o+14, o+15, o+16)
+			o := row * dlColumnCount
+			return fmt.Sprintf("($%d::uuid,$%d,$%d,$%d::jsonb,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d,$%d::bigint)",
+				o+1, o+2, o+3, o+4, o+5, o+6, o+7, o+8, o+9, o+10, o+11, o+12, o+13, o+14, o+15, o+16, o+17)
 		},
 		time:     func(t time.Time) any { return t },
 		failTime: func(t time.Time) any { return t },
@@ -70,12 +71,27 @@ func (t *pgDeadLetters) Get(ctx context.Context, id int64) (deadletter.Entry, er
 
 func (t *pgDeadLetters) Replay(ctx context.Context, id int64) error {
 	return t.db.InTx(ctx, func(q Querier) error {
-		e, err := getDeadLetter(ctx, q, "SELECT "+pgDeadLetterColumns+" FROM "+t.n.DeadLetters+" WHERE id = $1 FOR UPDATE", id)
+		e, err := t.pending(ctx, q, id)
 		if err != nil {
 			return err
 		}
-		if e.Status != deadletter.StatusPending {
-			return fmt.Errorf("%w: dead letter %d is %s", deadletter.ErrNotPending, id, e.Status)
+		if e.HeldSeq != 0 {
+			if err := replayableInPlace(id, e); err != nil {
+				return err
+			}
+			// The held row, due now and marked as this replay, where it stands.
+			released, err := scanOne(ctx, q, nil, "UPDATE "+t.n.Outbox+` AS o
+   SET available_at = now(), attempts = 0, first_failed_at = NULL, last_error = NULL,
+       headers = coalesce(o.headers, '{}'::jsonb) || jsonb_build_object('`+outbox.ReplayHeader+`', $2::text)
+ WHERE o.seq = $1 AND o.available_at = `+heldAt(Postgres)+` RETURNING 1`, e.HeldSeq, strconv.FormatInt(id, 10))
+			if err != nil {
+				return fmt.Errorf("deadletter: replaying %d: releasing its outbox row %d: %w", id, e.HeldSeq, err)
+			}
+			if released {
+				return t.setStatus(ctx, q, id, deadletter.StatusReplayed)
+			}
+			// The held row is gone (deleted by hand): the event goes in anew, as an
+			// entry's that holds nothing.
 		}
 		m, err := forReplay(id, e)
 		if err != nil {
@@ -84,21 +100,39 @@ func (t *pgDeadLetters) Replay(ctx context.Context, id int64) error {
 		if err := t.d.Insert(ctx, q, t.n, []outbox.Message{m}); err != nil {
 			return fmt.Errorf("deadletter: replaying %d into the outbox: %w", id, err)
 		}
-		return q.Exec(ctx, "UPDATE "+t.n.DeadLetters+" SET status = 'replayed', status_changed_at = now() WHERE id = $1", id)
+		return t.setStatus(ctx, q, id, deadletter.StatusReplayed)
 	})
 }
 
 func (t *pgDeadLetters) Discard(ctx context.Context, id int64) error {
-	ok, err := scanOne(ctx, t.db, nil, "UPDATE "+t.n.DeadLetters+
-		" SET status = 'discarded', status_changed_at = now() WHERE id = $1 AND status = 'pending' RETURNING 1", id)
-	if err != nil || ok {
-		return err
-	}
-	e, err := t.Get(ctx, id)
+	return t.db.InTx(ctx, func(q Querier) error {
+		e, err := t.pending(ctx, q, id)
+		if err != nil {
+			return err
+		}
+		if e.HeldSeq != 0 {
+			if err := q.Exec(ctx, "DELETE FROM "+t.n.Outbox+" WHERE seq = $1 AND available_at = "+heldAt(Postgres), e.HeldSeq); err != nil {
+				return fmt.Errorf("deadletter: discarding %d: deleting its outbox row %d: %w", id, e.HeldSeq, err)
+			}
+		}
+		return t.setStatus(ctx, q, id, deadletter.StatusDiscarded)
+	})
+}
+
+// pending locks entry id for the rest of q's transaction and returns it if it is pending.
+func (t *pgDeadLetters) pending(ctx context.Context, q Querier, id int64) (deadletter.Entry, error) {
+	e, err := getDeadLetter(ctx, q, "SELECT "+pgDeadLetterColumns+" FROM "+t.n.DeadLetters+" WHERE id = $1 FOR UPDATE", id)
 	if err != nil {
-		return err
+		return e, err
 	}
-	return fmt.Errorf("%w: dead letter %d is %s", deadletter.ErrNotPending, id, e.Status)
+	if e.Status != deadletter.StatusPending {
+		return e, fmt.Errorf("%w: dead letter %d is %s", deadletter.ErrNotPending, id, e.Status)
+	}
+	return e, nil
+}
+
+func (t *pgDeadLetters) setStatus(ctx context.Context, q Querier, id int64, s deadletter.Status) error {
+	return q.Exec(ctx, "UPDATE "+t.n.DeadLetters+" SET status = $1, status_changed_at = now() WHERE id = $2", string(s), id)
 }
 
 func (t *pgDeadLetters) Prune(ctx context.Context, retention time.Duration, limit int) (int64, error) {
@@ -149,7 +183,7 @@ func scanDeadLetters(rows Rows) ([]deadletter.Entry, error) {
 		m := &e.Message
 		if err := rows.Scan(&e.ID, &id, &m.Type, &m.Key, &hdr, &m.ContentType, &m.Body, &created,
 			&stage, &kind, &e.Consumer, &e.Reason, &e.Attempts, &first, &last, &state, &changed,
-			&e.BrokerMessageID, &raw); err != nil {
+			&e.BrokerMessageID, &raw, &e.HeldSeq); err != nil {
 			return nil, err
 		}
 		e.Stage, e.Kind, e.Status = deadletter.Stage(stage), deadletter.Kind(kind), deadletter.Status(state)

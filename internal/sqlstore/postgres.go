@@ -46,6 +46,10 @@ func (d postgres) books(n *Names) books {
 	return b
 }
 
+// claimColumns are the columns of a claim's rows, in ScanClaimed order: those of the claim
+// function's table (MySQL's and SQLite's claims read the same columns of their tables).
+const claimColumns = "seq, id, type, key, headers, content_type, body, created_at, attempts, first_failed_at"
+
 // insertColumns is the column list every dialect's INSERT writes, in argument order.
 const insertColumns = "(id, type, key, headers, content_type, body, created_at)"
 
@@ -104,7 +108,9 @@ func (postgres) Insert(ctx context.Context, q Querier, n *Names, msgs []outbox.M
 	return nil
 }
 
-func (d postgres) Store(db DB, n *Names) outbox.Store { return &pgStore{db: db, n: n} }
+func (d postgres) Store(db DB, n *Names) outbox.Store {
+	return classified(d, db, n, &pgStore{db: db, n: n})
+}
 
 type pgStore struct {
 	db DB
@@ -114,7 +120,9 @@ type pgStore struct {
 func (s *pgStore) Stats(ctx context.Context) (outbox.Stats, error) { return readStats(ctx, s.db, s.n) }
 
 func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
-	rows, err := s.db.Query(ctx, "SELECT * FROM "+s.n.ClaimFunc+"($1, $2, $3, $4, $5, $6)",
+	// The columns by name: a claim function of an older migration 004 (without
+	// first_failed_at) fails as a schema to migrate, not as a scan that does not fit.
+	rows, err := s.db.Query(ctx, "SELECT "+claimColumns+" FROM "+s.n.ClaimFunc+"($1, $2, $3, $4, $5, $6)",
 		p.Owner, p.Token, p.Limit, p.Lease.Milliseconds(), p.Lane, p.Lanes)
 	if err != nil {
 		return nil, err
@@ -122,25 +130,25 @@ func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Cla
 	return ScanClaimed(rows, p.Limit)
 }
 
-// ScanClaimed reads claimed rows (seq, id, type, key, headers, content_type, body,
-// created_at, attempts; created_at as a time or as text) and returns them in outbox order.
-// A row that cannot be read into a valid message does not fail the others: it comes back
-// with Claimed.Err naming the column and the problem, for the relay to dead-letter alone.
-// limit is how many rows there can be at most (the claim's): the result is sized for them
-// at once instead of growing, and copying its large elements, row by row.
+// ScanClaimed reads claimed rows (claimColumns; times as times or as text) and returns them
+// in outbox order. A row that cannot be read into a valid message does not fail the others:
+// it comes back with Claimed.Err naming the column and the problem, for the relay to
+// dead-letter alone. limit is how many rows there can be at most (the claim's): the result
+// is sized for them at once instead of growing, and copying its large elements, row by row.
 func ScanClaimed(rows Rows, limit int) ([]outbox.Claimed, error) {
 	defer rows.Close()
 	var (
-		out  = make([]outbox.Claimed, 0, min(max(limit, 0), 10000))
-		r    outboxRow
-		dest = r.dest() // one row and its targets for all: message copies what it keeps
+		out   = make([]outbox.Claimed, 0, min(max(limit, 0), 10000))
+		r     outboxRow
+		first lenientTime                // first_failed_at: a time the relay wrote, or NULL
+		dest  = append(r.dest(), &first) // one row and its targets for all: message copies what it keeps
 	)
 	for rows.Next() {
 		r = outboxRow{}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
-		c := outbox.Claimed{Seq: r.seq, Attempts: r.attempts}
+		c := outbox.Claimed{Seq: r.seq, Attempts: r.attempts, FirstFailedAt: first.t}
 		c.Message, c.Err = r.message()
 		out = append(out, c)
 	}
@@ -168,31 +176,37 @@ UPDATE `+s.n.Outbox+` AS o
 }
 
 // DeadLetter moves the rows to the dead-letter table in one transaction: the delete returns
-// them, and they are inserted made storable (see dlWriter.moveDeadLetters).
+// them, and they are inserted made storable (see dlWriter.moveDeadLetters). The rows of dead
+// letters with HoldKey are not deleted but held (see hold.go): due never, leased by none,
+// where they stand. Under the fence, like Retry: a claim sees the row leased or held,
+// never in between.
 func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) ([]int64, error) {
 	if len(dead) == 0 {
 		return nil, nil
 	}
+	hold, drop := holdSplit(dead)
+	const failed = `o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type, o.body,
+          o.created_at, o.attempts, coalesce(o.first_failed_at, now()), now()`
 	return pgDeadLetterWriter(s.n).moveDeadLetters(ctx, s.db, dead, func(ctx context.Context, q Querier) ([]failedRow, error) {
-		rows, err := q.Query(ctx, s.fence()+`
+		rows, err := q.Query(ctx, s.fence()+`,
+held AS (
+UPDATE `+s.n.Outbox+` AS o
+   SET available_at = `+heldAt(Postgres)+`, claim_token = NULL, lease_owner = NULL, lease_until = NULL
+ WHERE o.claim_token = $1 AND o.seq = ANY (string_to_array($2, ',')::bigint[]) AND o.key <> ''
+   AND EXISTS (SELECT FROM fence)
+RETURNING `+failed+`, true),
+gone AS (
 DELETE FROM `+s.n.Outbox+` AS o
- WHERE o.claim_token = $1 AND o.seq = ANY (string_to_array($2, ',')::bigint[]) AND EXISTS (SELECT FROM fence)
-RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type, o.body,
-          o.created_at, o.attempts, coalesce(o.first_failed_at, now()), now()`, token, deadSeqs(dead))
+ WHERE o.claim_token = $1 AND (o.seq = ANY (string_to_array($3, ',')::bigint[])
+                               OR o.seq = ANY (string_to_array($2, ',')::bigint[]) AND o.key = '')
+   AND EXISTS (SELECT FROM fence)
+RETURNING `+failed+`, false)
+SELECT * FROM held UNION ALL SELECT * FROM gone`, token, JoinSeqs(hold), JoinSeqs(drop))
 		if err != nil {
 			return nil, err
 		}
-		return scanFailed(rows)
+		return scanFailed(rows, true)
 	})
-}
-
-// deadSeqs renders the seqs of dead as JoinSeqs does.
-func deadSeqs(dead []outbox.DeadLetter) string {
-	seqs := make([]int64, len(dead))
-	for i, d := range dead {
-		seqs[i] = d.Seq
-	}
-	return JoinSeqs(seqs)
 }
 
 func (s *pgStore) Release(ctx context.Context, token int64, seqs []int64) error {

@@ -75,6 +75,7 @@ func (sqliteDialect) Store(db DB, n *Names) outbox.Store {
 		n:     n,
 		claim: sqliteClaim,
 		now:   sqliteNow,
+		held:  heldAt(SQLite),
 		key:   `"key"`,
 		dl:    sqliteConsumer.writer(n),
 		// A recursive query that steps from key to key through the (key, seq) index.
@@ -106,16 +107,33 @@ SELECT o.seq, o."key", (o.available_at <= ` + sqliteNow + ` AND (o.lease_until I
           FROM json_each(?)) AS r
  WHERE o.seq = r.seq AND o.claim_token = ?`, []any{jsonRetries(rs, sqliteLimits), token}
 	}
-	// DELETE ... RETURNING takes the write lock first, so the rows read are the rows deleted.
-	s.take = func(ctx context.Context, q Querier, token int64, seqs string) ([]failedRow, error) {
-		rows, err := q.Query(ctx, "DELETE FROM "+n.Outbox+" WHERE claim_token = ? AND "+inJoined(seqs)+
-			" RETURNING "+s.failedColumns("COALESCE(headers, '')"), token)
+	// UPDATE or DELETE ... RETURNING takes the write lock first, so the rows read are the
+	// rows held or deleted.
+	s.take = func(ctx context.Context, q Querier, token int64, hold, drop []int64) ([]failedRow, error) {
+		returning := " RETURNING " + s.failedColumns("COALESCE(headers, '')")
+		var taken []failedRow
+		if len(hold) > 0 {
+			rows, err := q.Query(ctx, s.holdRows(hold)+returning, token)
+			if err != nil {
+				return nil, err
+			}
+			if taken, err = scanFailed(rows, false); err != nil {
+				return nil, err
+			}
+			for i := range taken {
+				taken[i].held = true
+			}
+		}
+		// The keyless rows of hold are not held: deleted, as the others.
+		rows, err := q.Query(ctx, "DELETE FROM "+n.Outbox+" WHERE claim_token = ? AND ("+inSeqs(drop)+
+			" OR "+s.key+" = '' AND "+inSeqs(hold)+")"+returning, token)
 		if err != nil {
 			return nil, err
 		}
-		return scanFailed(rows)
+		gone, err := scanFailed(rows, false)
+		return append(taken, gone...), err
 	}
-	return s
+	return classified(SQLite, db, n, s)
 }
 
 // sqliteClaim leases with one UPDATE ... RETURNING (atomic: a write statement takes the
@@ -149,7 +167,7 @@ func sqliteClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]ou
        lease_until = strftime('%Y-%m-%d %H:%M:%f', 'now', ?),
        attempts = attempts + 1
  WHERE `+which+` AND `+s.free("")+`
-RETURNING seq, id, type, "key", COALESCE(headers, ''), content_type, body, created_at, attempts`,
+RETURNING seq, id, type, "key", COALESCE(headers, ''), content_type, body, created_at, attempts, first_failed_at`,
 		append([]any{p.Token, p.Owner, fmt.Sprintf("%+.3f seconds", p.Lease.Seconds())}, args...)...)
 	if err != nil {
 		return nil, err

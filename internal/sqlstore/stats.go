@@ -9,13 +9,15 @@ import (
 
 // statsSQL reads an outbox's backlog and pending dead letters in one statement, the same on
 // every dialect: the oldest undelivered row by the primary key (seq order is insert order),
-// the pending dead letters and their oldest by the (status, last_failed_at) index. The
-// counts cost O(rows counted); the gauges sample it once per collection, not per event.
+// the pending dead letters and their oldest by the (status, last_failed_at) index, the keys
+// they hold by the held index (migration 006). The counts cost O(rows counted); the gauges
+// sample it once per collection, not per event.
 func statsSQL(n *Names) string {
 	return "SELECT (SELECT count(*) FROM " + n.Outbox + "), " +
 		"(SELECT created_at FROM " + n.Outbox + " ORDER BY seq LIMIT 1), " +
 		"(SELECT count(*) FROM " + n.DeadLetters + " WHERE status = 'pending'), " +
-		"(SELECT min(last_failed_at) FROM " + n.DeadLetters + " WHERE status = 'pending')"
+		"(SELECT min(last_failed_at) FROM " + n.DeadLetters + " WHERE status = 'pending'), " +
+		"(SELECT count(DISTINCT event_key) FROM " + n.DeadLetters + " WHERE status = 'pending' AND held_seq IS NOT NULL)"
 }
 
 // readStats is every dialect store's outbox.StatsReader.
@@ -31,7 +33,7 @@ func readStats(ctx context.Context, q Querier, n *Names) (outbox.Stats, error) {
 	defer rows.Close()
 	var oldest, oldestDead anyTime
 	if rows.Next() {
-		err = rows.Scan(&st.Backlog, &oldest, &st.DeadLettersPending, &oldestDead)
+		err = rows.Scan(&st.Backlog, &oldest, &st.DeadLettersPending, &oldestDead, &st.HeldKeys)
 	}
 	if err == nil {
 		err = rows.Err()

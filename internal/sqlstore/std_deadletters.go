@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -11,11 +12,11 @@ import (
 )
 
 func (mysqlDialect) DeadLetters(db DB, n *Names) deadletter.Table {
-	return &stdDeadLetters{c: mysqlConsumer, db: db, n: n}
+	return classifiedTable{&stdDeadLetters{c: mysqlConsumer, db: db, n: n}, n}
 }
 
 func (sqliteDialect) DeadLetters(db DB, n *Names) deadletter.Table {
-	return &stdDeadLetters{c: sqliteConsumer, db: db, n: n}
+	return classifiedTable{&stdDeadLetters{c: sqliteConsumer, db: db, n: n}, n}
 }
 
 // stdDeadLetters is the dead-letter table of MySQL and SQLite.
@@ -29,22 +30,22 @@ type stdDeadLetters struct {
 func (t *stdDeadLetters) columns() string {
 	return `id, COALESCE(event_id, ''), event_type, event_key, ` + t.c.headers + `, content_type, body,
        created_at, stage, kind, consumer, reason, attempts, first_failed_at, last_failed_at, status,
-       COALESCE(status_changed_at, '1970-01-01 00:00:00'), broker_message_id, raw`
+       COALESCE(status_changed_at, '1970-01-01 00:00:00'), broker_message_id, raw, COALESCE(held_seq, 0)`
 }
 
 // writer inserts dead letters into n's table. SQLite binds times as the text its columns
-// hold; its parameter limit (999 before 3.32) allows 62 rows of 16.
+// hold; its parameter limit (999 before 3.32) allows 58 rows of 17.
 func (c stdConsumer) writer(n *Names) *dlWriter {
 	w := &dlWriter{
 		table:    n.DeadLetters,
 		lim:      mysqlLimits,
-		tuple:    func(int) string { return "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)" },
+		tuple:    func(int) string { return "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)" },
 		time:     func(t time.Time) any { return t.UTC() },
 		failTime: c.failTime,
 		maxRow:   1000,
 	}
 	if c.d == SQLite {
-		w.lim, w.maxRow = sqliteLimits, 62
+		w.lim, w.maxRow = sqliteLimits, 999/dlColumnCount
 		w.time = func(t time.Time) any { return t.UTC().Format(sqliteTime) }
 	}
 	return w
@@ -108,6 +109,20 @@ func (t *stdDeadLetters) Replay(ctx context.Context, id int64) error {
 		if err != nil {
 			return err
 		}
+		if e.HeldSeq != 0 {
+			if err := replayableInPlace(id, e); err != nil {
+				return err
+			}
+			released, err := t.releaseHeld(ctx, q, e.HeldSeq, id)
+			if err != nil {
+				return fmt.Errorf("deadletter: replaying %d: releasing its outbox row %d: %w", id, e.HeldSeq, err)
+			}
+			if released {
+				return t.setStatus(ctx, q, id, deadletter.StatusReplayed)
+			}
+			// The held row is gone (deleted by hand): the event goes in anew, as an
+			// entry's that holds nothing.
+		}
 		m, err := forReplay(id, e)
 		if err != nil {
 			return err
@@ -119,10 +134,30 @@ func (t *stdDeadLetters) Replay(ctx context.Context, id int64) error {
 	})
 }
 
+// releaseHeld makes the held outbox row seq due now, where it stands, marked as the replay
+// of dead letter id, and reports whether the row was there, held. (The entry's lock taken by
+// pending keeps concurrent replays and discards of it out.)
+func (t *stdDeadLetters) releaseHeld(ctx context.Context, q Querier, seq, id int64) (bool, error) {
+	held := "seq = ? AND available_at = " + heldAt(t.c.d)
+	found, err := scanOne(ctx, q, nil, "SELECT 1 FROM "+t.n.Outbox+" WHERE "+held+t.c.lockRow, seq)
+	if err != nil || !found {
+		return false, err
+	}
+	return true, q.Exec(ctx, "UPDATE "+t.n.Outbox+" SET available_at = "+t.c.now+
+		", attempts = 0, first_failed_at = NULL, last_error = NULL, headers = "+t.c.replayHeaders+" WHERE "+held,
+		strconv.FormatInt(id, 10), seq)
+}
+
 func (t *stdDeadLetters) Discard(ctx context.Context, id int64) error {
 	return t.db.InTx(ctx, func(q Querier) error {
-		if _, err := t.pending(ctx, q, id); err != nil {
+		e, err := t.pending(ctx, q, id)
+		if err != nil {
 			return err
+		}
+		if e.HeldSeq != 0 {
+			if err := q.Exec(ctx, "DELETE FROM "+t.n.Outbox+" WHERE seq = ? AND available_at = "+heldAt(t.c.d), e.HeldSeq); err != nil {
+				return fmt.Errorf("deadletter: discarding %d: deleting its outbox row %d: %w", id, e.HeldSeq, err)
+			}
 		}
 		return t.setStatus(ctx, q, id, deadletter.StatusDiscarded)
 	})

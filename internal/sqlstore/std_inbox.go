@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/idempotency"
 )
 
@@ -23,6 +24,11 @@ type stdConsumer struct {
 	contains string
 	// ago is the database clock minus d, for pruning.
 	ago func(d time.Duration) (expr string, arg any)
+	// lockRow ends a read that locks the rows it reads until the transaction ends (MySQL);
+	// SQLite's replay holds the database's write lock already.
+	lockRow string
+	// replayHeaders is the headers column with outbox.ReplayHeader set to the argument.
+	replayHeaders string
 }
 
 var (
@@ -35,6 +41,8 @@ var (
 		ago: func(d time.Duration) (string, any) {
 			return mysqlNow + " - INTERVAL ? MICROSECOND", d.Microseconds()
 		},
+		lockRow:       " FOR UPDATE",
+		replayHeaders: `JSON_SET(COALESCE(headers, JSON_OBJECT()), '$."` + outbox.ReplayHeader + `"', ?)`,
 	}
 	sqliteConsumer = stdConsumer{
 		d:        SQLite,
@@ -45,6 +53,7 @@ var (
 		ago: func(d time.Duration) (string, any) {
 			return "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", fmt.Sprintf("%+.3f seconds", -d.Seconds())
 		},
+		replayHeaders: `json_set(COALESCE(headers, '{}'), '$."` + outbox.ReplayHeader + `"', ?)`,
 	}
 )
 

@@ -108,6 +108,7 @@ type dlRow struct {
 	attempts                                   int
 	firstFailedAt, lastFailedAt                time.Time
 	raw                                        any // the Raw's text, or nil
+	heldSeq                                    any // the outbox row held, or nil
 }
 
 // storableRow makes e storable under lim. Every text field is cleaned and cut to its
@@ -120,6 +121,7 @@ func storableRow(e deadletter.Entry, lim textLimits) dlRow {
 		body:     m.Body,
 		stage:    string(e.Stage),
 		attempts: e.Attempts,
+		heldSeq:  heldSeq(e),
 	}
 	if r.body == nil {
 		r.body = []byte{}
@@ -182,6 +184,7 @@ func minimalRow(e deadletter.Entry, lim textLimits, refused error) dlRow {
 		firstFailedAt: now,
 		lastFailedAt:  now,
 		raw:           rawText(raw),
+		heldSeq:       heldSeq(e), // the row stays held: its entry must say so
 	}
 	if e.Message.ID != uuid.Nil {
 		r.eventID = e.Message.ID.String()
@@ -223,6 +226,19 @@ func originals(e deadletter.Entry) deadletter.Raw {
 	return raw
 }
 
+// heldSeq binds e's HeldSeq: NULL when it holds nothing.
+func heldSeq(e deadletter.Entry) any {
+	if e.HeldSeq == 0 {
+		return nil
+	}
+	return e.HeldSeq
+}
+
+// refusedContent reports whether err, from a dead-letter insert, may be the table refusing
+// the row's content (a constraint, a value too large), which its minimal form may pass;
+// not a table that is missing or a database that is down, which it would not.
+func refusedContent(err error) bool { return !schemaMissing(err) && !databaseUnavailable(err) }
+
 func rawText(r deadletter.Raw) any {
 	b, _ := r.MarshalText() // never fails
 	return b
@@ -249,7 +265,10 @@ func storableTime(t, fallback time.Time, lim textLimits) (time.Time, bool) {
 }
 
 // dlColumns are the dead-letter columns every insert writes, in dlRow.args order.
-const dlColumns = "(event_id, event_type, event_key, headers, content_type, body, created_at, stage, kind, consumer, reason, attempts, first_failed_at, last_failed_at, broker_message_id, raw)"
+const dlColumns = "(event_id, event_type, event_key, headers, content_type, body, created_at, stage, kind, consumer, reason, attempts, first_failed_at, last_failed_at, broker_message_id, raw, held_seq)"
+
+// dlColumnCount is how many columns dlColumns names: the placeholders of one row.
+const dlColumnCount = 17
 
 // dlWriter inserts dead-letter rows in one dialect.
 type dlWriter struct {
@@ -264,7 +283,7 @@ type dlWriter struct {
 func (w *dlWriter) args(r dlRow) []any {
 	return []any{r.eventID, r.typ, r.key, r.headers, r.contentType, r.body, w.time(r.createdAt),
 		r.stage, r.kind, r.consumer, r.reason, r.attempts, w.failTime(r.firstFailedAt), w.failTime(r.lastFailedAt),
-		r.brokerMsgID, r.raw}
+		r.brokerMsgID, r.raw, r.heldSeq}
 }
 
 func (w *dlWriter) insert(ctx context.Context, q Querier, rows []dlRow) error {
@@ -273,7 +292,7 @@ func (w *dlWriter) insert(ctx context.Context, q Querier, rows []dlRow) error {
 		rows = rows[len(chunk):]
 		var b strings.Builder
 		b.WriteString("INSERT INTO " + w.table + " " + dlColumns + " VALUES ")
-		args := make([]any, 0, 16*len(chunk))
+		args := make([]any, 0, dlColumnCount*len(chunk))
 		for i, r := range chunk {
 			if i > 0 {
 				b.WriteByte(',')
@@ -290,10 +309,12 @@ func (w *dlWriter) insert(ctx context.Context, q Querier, rows []dlRow) error {
 
 // add stores one entry. If the table refuses its storable row while ctx is live, the entry
 // is stored in its minimal form instead (see minimalRow), so a dead letter whose content the
-// table refuses never makes its message loop; an error means the table is unreachable.
+// table refuses never makes its message loop; an error means the table is unreachable (or
+// not migrated). An entry added holds nothing: only the relay's write-back holds rows.
 func (w *dlWriter) add(ctx context.Context, db Querier, e deadletter.Entry) error {
+	e.HeldSeq = 0
 	err := w.insert(ctx, db, []dlRow{storableRow(e, w.lim)})
-	if err == nil || ctx.Err() != nil {
+	if err == nil || ctx.Err() != nil || !refusedContent(err) {
 		return err
 	}
 	if err2 := w.insert(ctx, db, []dlRow{minimalRow(e, w.lim, err)}); err2 != nil {
@@ -303,10 +324,11 @@ func (w *dlWriter) add(ctx context.Context, db Querier, e deadletter.Entry) erro
 }
 
 // moveDeadLetters is the relay's DeadLetter write-back for every dialect: in one
-// transaction, take reads and deletes the claim's rows (with their first and last failure
-// times, by the database clock), and they are inserted as dead letters. Rows are read
-// leniently, so an unreadable row keeps its raw values. If the table refuses the rows,
-// the transaction is run again with their minimal forms.
+// transaction, take reads the claim's rows (with their first and last failure times, by the
+// database clock) and deletes them, or holds those of dead letters with HoldKey (see
+// hold.go), and they are inserted as dead letters, a held row's with its seq. Rows are read
+// leniently, so an unreadable row keeps its raw values (and holds its key like any other).
+// If the table refuses the rows, the transaction is run again with their minimal forms.
 func (w *dlWriter) moveDeadLetters(ctx context.Context, db DB, dead []outbox.DeadLetter,
 	take func(ctx context.Context, q Querier) ([]failedRow, error)) ([]int64, error) {
 	byseq := make(map[int64]outbox.DeadLetter, len(dead))
@@ -325,6 +347,9 @@ func (w *dlWriter) moveDeadLetters(ctx context.Context, db DB, dead []outbox.Dea
 			for i, t := range taken {
 				moved = append(moved, t.seq)
 				e := t.entry(byseq[t.seq])
+				if t.held {
+					e.HeldSeq = t.seq
+				}
 				if refused == nil {
 					rows[i] = storableRow(e, w.lim)
 				} else {
@@ -338,7 +363,7 @@ func (w *dlWriter) moveDeadLetters(ctx context.Context, db DB, dead []outbox.Dea
 	if err == nil {
 		return moved, nil
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || !refusedContent(err) {
 		return nil, err
 	}
 	if err2 := run(err); err2 != nil {
@@ -402,10 +427,12 @@ func clip(s string) string {
 	return c
 }
 
-// failedRow is an outbox row taken for the dead-letter table, with its failure times.
+// failedRow is an outbox row taken for the dead-letter table, with its failure times, and
+// whether it stays in the outbox, held.
 type failedRow struct {
 	outboxRow
 	firstFailedAt, lastFailedAt lenientTime
+	held                        bool
 }
 
 func (r *failedRow) dest() []any {
@@ -437,13 +464,18 @@ func (r *failedRow) entry(d outbox.DeadLetter) deadletter.Entry {
 	return e
 }
 
-// scanFailed reads the rows of a dead-letter write-back's take statement.
-func scanFailed(rows Rows) ([]failedRow, error) {
+// scanFailed reads the rows of a dead-letter write-back's take statement; with held, each
+// row ends with a boolean column: whether it stays in the outbox, held.
+func scanFailed(rows Rows, held bool) ([]failedRow, error) {
 	defer rows.Close()
 	var out []failedRow
 	for rows.Next() {
 		var r failedRow
-		if err := rows.Scan(r.dest()...); err != nil {
+		dest := r.dest()
+		if held {
+			dest = append(dest, &r.held)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		out = append(out, r)

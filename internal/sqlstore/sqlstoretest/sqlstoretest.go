@@ -7,6 +7,7 @@ package sqlstoretest
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -87,20 +88,27 @@ func New(t testing.TB, dialect string, open func(dsn string) (*sql.DB, error)) *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx := context.Background()
-		switch dialect {
-		case "postgres":
-			_, _ = db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+tg.Tables.Schema+" CASCADE")
-		case "mysql":
-			n := tg.names
-			drop := append([]string{n.Outbox, n.DeadLetters, n.Migrations, n.ClaimLock, n.Inbox, n.Responses}, tg.tables...)
-			for _, table := range drop {
-				_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table)
-			}
-		}
+		_ = tg.Unmigrate(context.Background())
 		db.Close()
 	})
 	return tg
+}
+
+// Unmigrate drops the outbox: its schema (PostgreSQL), or its tables and the test's
+// business tables (MySQL, SQLite), as if it had never been migrated.
+func (tg *Target) Unmigrate(ctx context.Context) error {
+	if tg.Dialect == "postgres" {
+		_, err := tg.DB.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+tg.Tables.Schema+" CASCADE")
+		return err
+	}
+	n := tg.names
+	var errs []error
+	for _, table := range append([]string{n.Outbox, n.DeadLetters, n.Migrations, n.ClaimLock, n.Inbox, n.Responses}, tg.tables...) {
+		if _, err := tg.DB.ExecContext(ctx, "DROP TABLE IF EXISTS "+table); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Table returns the qualified name of a business table of this test (created by the test,
@@ -257,12 +265,13 @@ func (tg *Target) Fixture(store outbox.Store, publish func(ctx context.Context, 
 		SingleRelay:     tg.Dialect == "sqlite",
 		DeadLetterTable: cd.DeadLetters(sqlstore.StdDB(tg.DB), tg.names),
 		SQL:             tg.RawSQL(),
+		Unmigrate:       tg.Unmigrate,
 	}
 }
 
 // RawSQL reaches the outbox's tables with raw SQL, for the suites' poison tests.
 func (tg *Target) RawSQL() *outboxtest.RawSQL {
-	return &outboxtest.RawSQL{
+	r := &outboxtest.RawSQL{
 		Dialect: tg.Dialect,
 		Exec: func(ctx context.Context, query string) error {
 			_, err := tg.DB.ExecContext(ctx, query)
@@ -271,6 +280,73 @@ func (tg *Target) RawSQL() *outboxtest.RawSQL {
 		Outbox:      tg.names.Outbox,
 		DeadLetters: tg.names.DeadLetters,
 	}
+	if tg.Dialect != "sqlite" { // a file, no server: no connection to drop
+		r.Lock, r.KillWaiting = tg.lock, tg.killWaiting
+	}
+	return r
+}
+
+// lock locks the outbox table on a connection of its own (see outboxtest.RawSQL.Lock).
+func (tg *Target) lock(ctx context.Context) (func(), error) {
+	var lock []string
+	var unlock string
+	switch tg.Dialect {
+	case "postgres":
+		lock, unlock = []string{"BEGIN", "LOCK TABLE " + tg.names.Outbox + " IN ACCESS EXCLUSIVE MODE"}, "ROLLBACK"
+	case "mysql":
+		lock, unlock = []string{"LOCK TABLES " + tg.names.Outbox + " WRITE"}, "UNLOCK TABLES"
+	default:
+		return nil, fmt.Errorf("sqlstoretest: no lock for %s", tg.Dialect)
+	}
+	conn, err := tg.DB.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, stmt := range lock {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.Background(), unlock)
+		conn.Close()
+	}, nil
+}
+
+// killWaiting terminates the connections that wait for lock's lock: on PostgreSQL those
+// waiting for a lock on this test's outbox table, on MySQL those whose statement names it
+// (its table prefix is the test's own) and that wait for a table lock.
+func (tg *Target) killWaiting(ctx context.Context) (int, error) {
+	switch tg.Dialect {
+	case "postgres":
+		var n int
+		err := tg.DB.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+ WHERE NOT granted AND relation = $1::regclass AND pid <> pg_backend_pid()`, tg.names.Outbox).Scan(&n)
+		return n, err
+	case "mysql":
+		rows, err := tg.DB.QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND STATE LIKE 'Waiting for table%' AND LOCATE(?, INFO) > 0", tg.Tables.Outbox)
+		if err != nil {
+			return 0, err
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		for _, id := range ids {
+			if _, err := tg.DB.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+				return 0, err
+			}
+		}
+		return len(ids), rows.Err()
+	}
+	return 0, fmt.Errorf("sqlstoretest: no connections to kill on %s", tg.Dialect)
 }
 
 // ErrRollback is what fixtures' Publish functions return from a transaction to roll it back.

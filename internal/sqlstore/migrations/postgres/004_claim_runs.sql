@@ -16,6 +16,28 @@ CREATE INDEX IF NOT EXISTS {{idx "keyless_seq_idx"}} ON {{.Outbox}} (seq) WHERE 
 -- in flight or waiting, with any number of relays, and a row whose transaction commits late
 -- (Watermill #311) is its key's head once it is visible: claimed then, never skipped.
 --
+-- Held rows. A keyed row that the relay dead-lettered under KeyPolicy HoldKey stays in the
+-- outbox, the first row of its key, with available_at 'infinity' and no lease (DeadLetter,
+-- postgres.go): to every step below it is a row waiting for a retry that never comes due,
+-- so no step takes it, and none takes a later row of its key:
+--   step 1 takes keyless rows only (a held row is keyed, so its probe sends the claim on);
+--   step 3's window is a prefix of the outbox in seq order (of the partitions held), so it
+--     holds the held row whenever it holds a later row of its key; the key's head is then
+--     not free, the key has no run (head < stop fails) and its rows no stop (NULL: none
+--     is taken); the look without a lock counts a row as free work only when no earlier row
+--     of its key exists;
+--   step 4's loose index scan reads each key's first row by (key, seq): the held row, which
+--     is neither free nor this claim's, so the key gives no head, and runs start at heads;
+--   step 5 runs steps 3 and 4 again for more partitions;
+--   every lease statement re-checks available_at <= now() on the row's latest version.
+-- A held row has no claim token, so no write-back, stale or not, touches it. It becomes
+-- held in the DeadLetter write-back under the claims' locks (shared, like Retry), so no
+-- claim plans a run while it changes from leased to held. It stops being held only through
+-- the dead-letter table: Replay makes it due where it stands (its key's head, so it goes
+-- first), Discard deletes it. Both only remove a wait, as a retry coming due or Complete
+-- does: a claim that read the row held leaves its key alone, one that reads it due takes it
+-- first, so neither needs the locks.
+--
 -- 1. An outbox with no keyed row at all (one probe of the keyed index) is a plain queue:
 --    the oldest free rows, FOR UPDATE SKIP LOCKED, without the locks below. Keyless rows
 --    have no order to keep, and this claim leases keyless rows only, so concurrent claims
@@ -104,7 +126,7 @@ DROP FUNCTION {{.ClaimFunc}}(text, bigint, integer, bigint);
 CREATE FUNCTION {{.ClaimFunc}}(p_owner text, p_token bigint, p_limit integer, p_lease_ms bigint,
                                p_lane integer, p_lanes integer)
 RETURNS TABLE (seq bigint, id text, type text, key text, headers text, content_type text,
-               body bytea, created_at timestamptz, attempts integer)
+               body bytea, created_at timestamptz, attempts integer, first_failed_at timestamptz)
 LANGUAGE plpgsql
 -- JIT compiling these small, frequent queries costs far more than it saves, and so does
 -- planning them anew on every call (their best plans do not depend on the arguments).
@@ -178,7 +200,7 @@ BEGIN
                  LIMIT p_limit
                    FOR UPDATE SKIP LOCKED))
         RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
-                  o.body, o.created_at, o.attempts;
+                  o.body, o.created_at, o.attempts, o.first_failed_at;
         RETURN;
     END IF;
 
@@ -274,7 +296,7 @@ BEGIN
                        AND x.available_at <= now() AND (x.lease_until IS NULL OR x.lease_until <= now())
                        FOR UPDATE SKIP LOCKED))
             RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
-                      o.body, o.created_at, o.attempts;
+                      o.body, o.created_at, o.attempts, o.first_failed_at;
             GET DIAGNOSTICS v_more = ROW_COUNT;
             v_n := v_n + v_more;
             IF v_n >= p_limit THEN
@@ -411,7 +433,7 @@ BEGIN
                        AND x.available_at <= now() AND (x.lease_until IS NULL OR x.lease_until <= now())
                        FOR UPDATE SKIP LOCKED))
             RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
-                      o.body, o.created_at, o.attempts;
+                      o.body, o.created_at, o.attempts, o.first_failed_at;
             GET DIAGNOSTICS v_more = ROW_COUNT;
             v_n := v_n + v_more;
             EXIT WHEN v_n >= p_limit;
