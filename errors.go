@@ -78,8 +78,10 @@ func IsUnavailable(err error) bool {
 		recordEr tls.RecordHeaderError
 	)
 	switch {
-	case errors.As(err, &netErr), errors.As(err, &certErr), errors.As(err, &authErr),
-		errors.As(err, &hostErr), errors.As(err, &recordEr):
+	case errors.As(err, &netErr) && error(netErr) != context.DeadlineExceeded,
+		errors.As(err, &certErr), errors.As(err, &authErr), errors.As(err, &hostErr), errors.As(err, &recordEr):
+		// (context.DeadlineExceeded is a net.Error too, but a deadline of the caller's says
+		// nothing of the server: the relay marks a Send that outlived SendTimeout itself.)
 		return true
 	}
 	for _, errno := range connErrnos {

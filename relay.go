@@ -457,7 +457,7 @@ func (r *Relay) runOnce(ctx context.Context, lane, limit int) cycle {
 	// A message claimed more often than MaxAttempts lost its earlier leases without a
 	// write-back: its sends crashed or hung the relay. Dead-letter it instead of looping.
 	// A row the store could not read is dead-lettered alone; the rest of the claim goes on.
-	out := outcome{holdKeys: r.cfg.KeyPolicy == HoldKey}
+	out := outcome{holdKeys: r.cfg.KeyPolicy == HoldKey, blocked: map[string]bool{}}
 	defer out.telemetry.Wait()
 	sendable := claimed[:0] // filtered in place: claimed is not read again
 	for _, c := range claimed {
@@ -513,16 +513,23 @@ type outcome struct {
 	done, release []int64
 	retry         []Retry
 	dead          []DeadLetter
-	deadClaims    []Claimed      // the claims of dead, in the same order
-	telemetry     sync.WaitGroup // the sends' spans and metrics, recorded beside the write-back
-	holdKeys      bool           // KeyPolicy HoldKey: a keyed dead letter holds its key
-	unavailable   error          // the broker's failure that stopped the sends, if any
-	answered      bool           // the broker accepted or refused a message
+	deadClaims    []Claimed       // the claims of dead, in the same order
+	telemetry     sync.WaitGroup  // the sends' spans and metrics, recorded beside the write-back
+	holdKeys      bool            // KeyPolicy HoldKey: a keyed dead letter holds its key
+	blocked       map[string]bool // keys whose later messages in the claim are not sent
+	unavailable   error           // the broker's failure that stopped the sends, if any
+	answered      bool            // the broker accepted or refused a message
 }
 
+// deadLetter moves c to the dead letters; holding its key, the key's later messages in the
+// claim are given back unsent.
 func (o *outcome) deadLetter(c Claimed, kind, reason string) {
-	o.dead = append(o.dead, DeadLetter{Seq: c.Seq, Kind: kind, Reason: reason, HoldKey: o.holdKeys && c.Message.Key != ""})
+	hold := o.holdKeys && c.Message.Key != ""
+	o.dead = append(o.dead, DeadLetter{Seq: c.Seq, Kind: kind, Reason: reason, HoldKey: hold})
 	o.deadClaims = append(o.deadClaims, c)
+	if hold {
+		o.blocked[c.Message.Key] = true
+	}
 }
 
 // send delivers a claim in waves: wave i holds the i-th message of every key (and, in wave
@@ -531,7 +538,7 @@ func (o *outcome) deadLetter(c Claimed, kind, reason string) {
 // and so is everything left once the broker turns out to be unavailable.
 func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time, out *outcome) {
 	waves := splitWaves(claimed)
-	blocked := map[string]bool{}
+	blocked := out.blocked
 	for _, wave := range waves {
 		batch := wave[:0] // filtered in place: the wave is not read again
 		for _, c := range wave {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -35,6 +36,7 @@ type listStore struct {
 type listRow struct {
 	seq       int64
 	msg       outbox.Message
+	err       error // an unreadable row
 	attempts  int
 	token     int64
 	due       time.Time
@@ -67,7 +69,7 @@ func (s *listStore) Claim(_ context.Context, p outbox.ClaimParams) ([]outbox.Cla
 		}
 		r.token = p.Token
 		r.attempts++
-		out = append(out, outbox.Claimed{Seq: r.seq, Attempts: r.attempts, Message: r.msg, FirstFailedAt: r.firstFail})
+		out = append(out, outbox.Claimed{Seq: r.seq, Attempts: r.attempts, Message: r.msg, FirstFailedAt: r.firstFail, Err: r.err})
 	}
 	return out, nil
 }
@@ -405,6 +407,9 @@ func TestIsUnavailable(t *testing.T) {
 		{&net.DNSError{Err: "no such host", Name: "broker"}, true},
 		{outbox.Permanent(outbox.Unavailable(errors.New("both"))), false},
 		{fmt.Errorf("%w", outbox.ErrTooLarge), false},
+		{context.DeadlineExceeded, false}, // the caller's deadline says nothing of the server
+		{fmt.Errorf("handler: %w", context.DeadlineExceeded), false},
+		{&net.OpError{Op: "read", Err: os.ErrDeadlineExceeded}, true}, // an I/O timeout is the server's
 	} {
 		if got := outbox.IsUnavailable(tc.err); got != tc.want {
 			t.Errorf("IsUnavailable(%v) = %v, want %v", tc.err, got, tc.want)
@@ -439,5 +444,33 @@ func TestMemoryQueueHookOutage(t *testing.T) {
 	}
 	if left, c, dead, _, _ := store.snapshot(); left != 0 || c != 5 || len(dead) != 0 {
 		t.Fatalf("left %d, completed %d, dead %d", left, c, len(dead))
+	}
+}
+
+// TestUnreadableRowHoldsItsKeyInTheClaim: a row dead-lettered before the send (unreadable, or
+// claimed too often) holds its key at once: the key's later rows in the same claim are given
+// back unsent, while other keys go on.
+func TestUnreadableRowHoldsItsKeyInTheClaim(t *testing.T) {
+	store := &listStore{}
+	for i, key := range []string{"a", "a", "b"} {
+		m, _ := outbox.New(testPayload{}, outbox.WithKey(key)).Encode()
+		r := &listRow{seq: int64(i + 1), msg: m}
+		if i == 0 {
+			r.err = errors.New("headers: not a JSON object")
+		}
+		store.rows = append(store.rows, r)
+	}
+	q := outboxmem.New(nil)
+	r := quickRelay(t, store, q, nil)
+	if _, err := r.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sent := q.Sent()
+	if len(sent) != 1 || sent[0].Key != "b" {
+		t.Fatalf("sent %d messages (%v), want only key b's", len(sent), sent)
+	}
+	_, _, dead, _, _ := store.snapshot()
+	if len(dead) != 1 || !dead[0].HoldKey || dead[0].Seq != 1 {
+		t.Fatalf("dead letters = %+v, want row 1 holding its key", dead)
 	}
 }

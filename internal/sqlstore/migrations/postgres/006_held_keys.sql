@@ -1,3 +1,5 @@
+-- Held keys: the relay's (held_seq) and the consumer's (two partial indexes for its lookup).
+
 -- A dead-lettered keyed event holds its key (the relay's KeyPolicy HoldKey, the default): its
 -- outbox row stays where it is, never claimable (available_at 'infinity'), and the later
 -- events of its key wait behind it, as behind a row waiting for a retry. held_seq is the
@@ -8,3 +10,12 @@
 ALTER TABLE {{.DeadLetters}} ADD COLUMN held_seq bigint;
 
 CREATE INDEX {{idx "dead_letters_held_idx"}} ON {{.DeadLetters}} (id) WHERE status = 'pending' AND held_seq IS NOT NULL;
+
+-- A consumer that holds keys (consumer.Config.HoldKeys) asks, for each keyed delivery,
+-- whether the key has a pending dead letter of this consumer (the first index, by ID) or
+-- was replayed since the event was published (the second, by replay time). Both hold
+-- consumer-stage entries with a key only.
+CREATE INDEX {{idx "dead_letters_consumer_key_idx"}} ON {{.DeadLetters}} (consumer, event_key, status, id)
+    WHERE stage = 'consumer' AND event_key <> '';
+CREATE INDEX {{idx "dead_letters_consumer_replayed_idx"}} ON {{.DeadLetters}} (consumer, event_key, status_changed_at)
+    WHERE stage = 'consumer' AND event_key <> '' AND status = 'replayed';
