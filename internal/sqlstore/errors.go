@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
 )
@@ -327,4 +329,10 @@ func (c classifiedTable) Discard(ctx context.Context, id int64) error {
 func (c classifiedTable) Prune(ctx context.Context, retention time.Duration, limit int) (int64, error) {
 	n, err := c.t.Prune(ctx, retention, limit)
 	return n, Classify(err, c.n)
+}
+
+// HeldBy implements deadletter.KeyHolds: every dialect's table does.
+func (c classifiedTable) HeldBy(ctx context.Context, consumer, key string, event uuid.UUID, published time.Time) (int64, error) {
+	id, err := c.t.(deadletter.KeyHolds).HeldBy(ctx, consumer, key, event, published)
+	return id, Classify(err, c.n)
 }
