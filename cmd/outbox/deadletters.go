@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/internal/sqlstore"
 )
 
 func (a *app) deadLetters(ctx context.Context, args []string) error {
@@ -226,14 +227,14 @@ func (a *app) dlList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer s.Close()
-	entries, err := listEntries(ctx, s.deadLetters(), flt, ff.id)
+	entries, err := s.summaries(ctx, flt, ff.id)
 	if err != nil {
 		return a.stderr.hide(err)
 	}
 	if *asJSON {
 		out := make([]entryJSON, len(entries))
 		for i, e := range entries {
-			out[i] = toJSON(e)
+			out[i] = summaryJSON(e)
 		}
 		return printJSON(a.stdout, out)
 	}
@@ -253,31 +254,85 @@ func (a *app) dlList(ctx context.Context, args []string) error {
 	return nil
 }
 
-// listEntries lists the entries that match f, or the one entry id when it is set (if it
-// matches f too).
-func listEntries(ctx context.Context, t deadletter.Table, f deadletter.Filter, id int64) ([]deadletter.Entry, error) {
-	if id == 0 {
-		return t.List(ctx, f)
+// previewBytes is how much of a body, of raw evidence and of each text "show" and the
+// console's entry page print; the rest is a download of its own (show --body, --raw).
+const previewBytes = 64 << 10
+
+// summaries lists the entries that match f, or the one entry id when it is set (if it
+// matches f too), without their bodies: a list costs the same whatever they hold.
+func (s *store) summaries(ctx context.Context, f deadletter.Filter, id int64) ([]sqlstore.DeadLetterSummary, error) {
+	if id != 0 {
+		f.AfterID, f.Limit = id-1, 1
 	}
-	f.AfterID, f.Limit = id-1, 1
-	es, err := t.List(ctx, f)
-	if len(es) == 1 && es[0].ID != id {
+	es, err := sqlstore.DeadLetterSummaries(ctx, s.dialect, s.q, s.names, f)
+	if id != 0 && len(es) == 1 && es[0].ID != id {
 		es = nil
 	}
 	return es, err
 }
 
+// matching returns the IDs of every entry that matches f (or entry id alone, when set), a
+// page of summaries at a time.
+func (s *store) matching(ctx context.Context, f deadletter.Filter, id int64) ([]int64, error) {
+	var ids []int64
+	f.Limit = 1000
+	for {
+		page, err := s.summaries(ctx, f, id)
+		for _, e := range page {
+			ids = append(ids, e.ID)
+		}
+		if err != nil || id != 0 || len(page) < f.Limit {
+			return ids, err
+		}
+		f.AfterID = page[len(page)-1].ID
+	}
+}
+
+// copyBytes writes entry id's body ("body") or raw evidence ("raw") to w a chunk at a
+// time, calling before with its size first; found is false when there is no such entry or
+// it has no raw evidence.
+func (s *store) copyBytes(ctx context.Context, w io.Writer, id int64, column string, before func(total int64)) (found bool, err error) {
+	const chunk = 256 << 10
+	var offset int64
+	for {
+		b, total, ok, err := sqlstore.DeadLetterBytes(ctx, s.dialect, s.q, s.names, id, column, offset, chunk)
+		switch {
+		case err != nil:
+			return offset > 0, err
+		case !ok && offset == 0:
+			return false, nil
+		case !ok:
+			return true, fmt.Errorf("dead letter %d went away after %d bytes", id, offset)
+		}
+		if offset == 0 && before != nil {
+			before(total)
+		}
+		if _, err := w.Write(b); err != nil {
+			return true, err
+		}
+		offset += int64(len(b))
+		if offset >= total || len(b) == 0 {
+			return true, nil
+		}
+	}
+}
+
 func (a *app) dlShow(ctx context.Context, args []string) error {
-	fs := a.flags("dead-letters show", "ID [--json]")
+	fs := a.flags("dead-letters show", "ID [--json | --body | --raw]")
 	var f dbFlags
 	f.add(a, fs)
-	asJSON := fs.Bool("json", false, "print the entry as JSON")
+	asJSON := fs.Bool("json", false, "print the entry as JSON, whole")
+	body := fs.Bool("body", false, "write the event's body to stdout, whole and as it is (redirect it to a file)")
+	raw := fs.Bool("raw", false, "write the raw evidence to stdout, whole and as it is (txoutbox-raw/1 text: fields, a blank line, the body as received)")
 	rest, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) != 1 {
 		return usagef("dead-letters show takes one ID, got %d arguments", len(rest))
+	}
+	if n := btoi(*asJSON) + btoi(*body) + btoi(*raw); n > 1 {
+		return usagef("--json, --body and --raw exclude each other")
 	}
 	id, err := parseID(rest[0])
 	if err != nil {
@@ -288,12 +343,36 @@ func (a *app) dlShow(ctx context.Context, args []string) error {
 		return err
 	}
 	defer s.Close()
-	e, err := s.deadLetters().Get(ctx, id)
+	switch {
+	case *asJSON:
+		e, err := s.deadLetters().Get(ctx, id)
+		if err != nil {
+			return a.stderr.hide(err)
+		}
+		return printJSON(a.stdout, toJSON(e))
+	case *body || *raw:
+		column := "body"
+		if *raw {
+			column = "raw"
+		}
+		found, err := s.copyBytes(ctx, a.stdout, id, column, nil)
+		if err != nil {
+			return a.stderr.hide(err)
+		}
+		if !found {
+			if *raw {
+				if _, err := s.deadLetters().Get(ctx, id); err != nil {
+					return a.stderr.hide(err)
+				}
+				return fmt.Errorf("dead letter %d has no raw evidence", id)
+			}
+			return fmt.Errorf("%w: %d", deadletter.ErrNotFound, id)
+		}
+		return nil
+	}
+	e, err := sqlstore.PreviewDeadLetter(ctx, s.dialect, s.q, s.names, id, previewBytes)
 	if err != nil {
 		return a.stderr.hide(err)
-	}
-	if *asJSON {
-		return printJSON(a.stdout, toJSON(e))
 	}
 	a.printEntry(e)
 	return nil
@@ -307,12 +386,14 @@ func parseID(s string) (int64, error) {
 	return id, nil
 }
 
-func (a *app) printEntry(e deadletter.Entry) {
+// printEntry prints e for people: every text made safe for the terminal, the payload and
+// the raw evidence as far as the preview goes, and how to get the rest.
+func (a *app) printEntry(e sqlstore.DeadLetterPreview) {
 	w := a.stdout
 	m := e.Message
 	line := func(name, v string) { fmt.Fprintf(w, "%-18s %s\n", name, clean(v)) }
 	line("id", strconv.FormatInt(e.ID, 10))
-	line("status", string(e.Status)+whenChanged(e))
+	line("status", string(e.Status)+whenChanged(e.Entry))
 	line("stage", string(e.Stage))
 	line("kind", orDash(string(e.Kind)))
 	if e.Consumer != "" {
@@ -340,16 +421,23 @@ func (a *app) printEntry(e deadletter.Entry) {
 			fmt.Fprintf(w, "  %s: %s\n", clean(k), clean(m.Headers[k]))
 		}
 	}
-	fmt.Fprintf(w, "payload (%d bytes)\n", len(m.Body))
+	fmt.Fprintf(w, "payload (%s bytes)\n", count(e.BodyBytes))
 	fmt.Fprintln(w, indent(payloadText(m.Body), "  "))
+	if e.BodyBytes > int64(len(m.Body)) {
+		fmt.Fprintf(w, "  … cut after %s bytes: outbox dead-letters show --body %d > FILE writes it whole\n", count(len(m.Body)), e.ID)
+	}
 	if r := e.Raw; r != nil {
 		fmt.Fprintln(w, "raw evidence (as received, before anything was changed to store it)")
-		raw, _ := r.MarshalText()
-		head, body, _ := bytes.Cut(raw, []byte("\n\n"))
-		fmt.Fprintln(w, indent(cleanBlock(string(head)), "  "))
-		if len(r.Body) > 0 || len(body) > 0 {
-			fmt.Fprintf(w, "  body (%d bytes):\n", len(r.Body))
+		fields := *r
+		fields.Body = nil
+		head, _ := fields.MarshalText()
+		fmt.Fprintln(w, indent(cleanBlock(strings.TrimSuffix(string(head), "\n")), "  "))
+		if len(r.Body) > 0 {
+			fmt.Fprintf(w, "  body (%s bytes shown):\n", count(len(r.Body)))
 			fmt.Fprintln(w, indent(rawBytes(r.Body), "    "))
+		}
+		if e.RawCut {
+			fmt.Fprintf(w, "  … cut after %s of %s bytes: outbox dead-letters show --raw %d > FILE writes it whole\n", count(previewBytes), count(e.RawBytes), e.ID)
 		}
 	}
 }
@@ -374,10 +462,11 @@ func payloadText(body []byte) string {
 	return rawBytes(body)
 }
 
-// rawBytes shows bytes as text when they are printable UTF-8, as a hex dump otherwise.
+// rawBytes shows bytes as text when they are UTF-8 (each line made safe, see clean), as a
+// hex dump otherwise.
 func rawBytes(b []byte) string {
-	if utf8.Valid(b) && !bytes.ContainsFunc(b, func(r rune) bool { return r < 0x20 && r != '\n' && r != '\t' || r == 0x7f }) {
-		return string(b)
+	if utf8.Valid(b) {
+		return cleanBlock(string(b))
 	}
 	return strings.TrimRight(hex.Dump(b), "\n")
 }
@@ -401,6 +490,8 @@ type entryJSON struct {
 	BrokerMessageID string     `json:"broker_message_id,omitempty"`
 	Event           eventJSON  `json:"event"`
 	Raw             *rawJSON   `json:"raw,omitempty"`
+	// RawBytes is the raw evidence's size, in a list (which leaves it out).
+	RawBytes int64 `json:"raw_bytes,omitempty"`
 }
 
 type eventJSON struct {
@@ -410,6 +501,7 @@ type eventJSON struct {
 	ContentType string            `json:"content_type"`
 	CreatedAt   time.Time         `json:"created_at"`
 	Headers     map[string]string `json:"headers,omitempty"`
+	BodyBytes   int64             `json:"body_bytes"`
 	body
 }
 
@@ -453,7 +545,7 @@ func toJSON(e deadletter.Entry) entryJSON {
 		Reason: e.Reason, Attempts: e.Attempts, FirstFailedAt: e.FirstFailedAt, LastFailedAt: e.LastFailedAt,
 		BrokerMessageID: e.BrokerMessageID,
 		Event: eventJSON{Type: m.Type, Key: m.Key, ContentType: m.ContentType, CreatedAt: m.CreatedAt,
-			Headers: m.Headers, body: toBody(m.Body)},
+			Headers: m.Headers, BodyBytes: int64(len(m.Body)), body: toBody(m.Body)},
 	}
 	if !e.StatusChangedAt.IsZero() {
 		t := e.StatusChangedAt
@@ -470,6 +562,14 @@ func toJSON(e deadletter.Entry) entryJSON {
 			out.Raw.body = toBody(r.Body)
 		}
 	}
+	return out
+}
+
+// summaryJSON is a listed entry as --json prints it: without its body, headers and raw
+// evidence (dead-letters show --json has them), with their sizes.
+func summaryJSON(e sqlstore.DeadLetterSummary) entryJSON {
+	out := toJSON(e.Entry)
+	out.Event.body, out.Event.BodyBytes, out.RawBytes = body{}, e.BodyBytes, e.RawBytes
 	return out
 }
 
@@ -542,15 +642,7 @@ func (a *app) dlAct(ctx context.Context, verb string, args []string) error {
 		act, past = deadletter.DiscardEach, "discarded"
 	}
 	if *all { // ids are those that match, counted once, confirmed
-		if ff.id != 0 {
-			es, err := listEntries(ctx, t, flt, ff.id)
-			if err != nil {
-				return a.stderr.hide(err)
-			}
-			for _, e := range es {
-				ids = append(ids, e.ID)
-			}
-		} else if ids, err = deadletter.Matching(ctx, t, flt); err != nil {
+		if ids, err = s.matching(ctx, flt, ff.id); err != nil {
 			return a.stderr.hide(err)
 		}
 		if len(ids) == 0 {
