@@ -204,8 +204,8 @@ type guard struct {
 	realm string
 }
 
-// newGuard builds the guard of a listener on ln with flags f.
-func newGuard(f *listenFlags, ln net.Listener, creds credentials) *guard {
+// newGuard builds the guard of the listener of flags f.
+func newGuard(f *listenFlags, creds credentials) *guard {
 	g := &guard{hosts: map[string]bool{"localhost": true}, creds: creds, throttle: newThrottle(), open: func(string) bool { return false }}
 	if host, _, err := net.SplitHostPort(f.addr); err == nil && host != "" {
 		g.hosts[normalHost(host)] = true

@@ -60,14 +60,14 @@ func (a *app) relay(ctx context.Context, args []string) error {
 		return usagef("--log-format %q: want text or json", *logFormat)
 	}
 	log := slog.New(handler)
-	creds, err := a.readCredentials("OUTBOX_RELAY")
-	if err != nil {
-		return err
-	}
 	// The listener first: an address it may not serve is refused before anything connects.
+	var creds credentials
 	var ln net.Listener
 	var tlsConfig *tls.Config
 	if lf.addr != "" {
+		if creds, err = a.readCredentials("OUTBOX_RELAY"); err != nil {
+			return err
+		}
 		if ln, tlsConfig, err = lf.listen(creds); err != nil {
 			return err
 		}
@@ -115,7 +115,7 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	var srv *httpServer
 	if ln != nil {
 		p := probes{state: relay.State, done: done.Load}
-		srv = serveHTTP(ln, tlsConfig, relayHandler(newGuard(&lf, ln, creds), registry, p),
+		srv = serveHTTP(ln, tlsConfig, relayHandler(newGuard(&lf, creds), registry, p),
 			&http.Server{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, log)
 		log.Info("serving /healthz, /readyz and /metrics", "addr", srv.url, "auth", creds.describe())
 	}

@@ -59,7 +59,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	}
 	defer s.Close()
 	log := slog.New(slog.NewTextHandler(a.stderr, nil))
-	g := newGuard(&lf, ln, creds)
+	g := newGuard(&lf, creds)
 	g.realm = "outbox"
 	c, err := newConsole(a, s, *allow, g, log)
 	if err != nil {
