@@ -318,25 +318,15 @@ func TestConsoleInBrowser(t *testing.T) {
 // post sends a form to the console with basic auth and returns the status and body.
 func post(t *testing.T, target string, form url.Values, cookie *http.Cookie, header http.Header) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, target, strings.NewReader(form.Encode()))
-	if err != nil {
-		t.Fatal(err)
+	h := header.Clone()
+	if h == nil {
+		h = http.Header{}
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.SetBasicAuth(consoleUser, consolePassword)
-	for k, v := range header {
-		req.Header[k] = v
-	}
+	h.Set("Authorization", "Basic "+basic(consoleUser, consolePassword))
 	if cookie != nil {
-		req.AddCookie(cookie)
+		h.Add("Cookie", cookie.Name+"="+cookie.Value)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return request(t, nil, http.MethodPost, target, form.Encode(), h)
 }
 
 // TestConsoleRefuses: the console's safety rules, over plain HTTP: credentials required,
@@ -474,11 +464,5 @@ func TestConsoleEscapes(t *testing.T) {
 
 func getPage(t *testing.T, target string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return request(t, nil, http.MethodGet, target, "", nil)
 }

@@ -123,13 +123,7 @@ func (d *daemon) stop(t *testing.T) int {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return request(t, nil, http.MethodGet, url, "", nil)
 }
 
 func randomName(prefix string) string {

@@ -40,12 +40,17 @@ import (
 
 // The tests of docs/security.md, one (or more) per finding of issue 23.
 
-// request sends method target with extra headers and returns the status and body.
-func request(t *testing.T, client *http.Client, method, target string, header http.Header) (int, string) {
+// request sends method target with body (form-encoded when not empty) and extra headers
+// (a "Host" one sets the request's host), with client (nil: the default), and returns the
+// status and the body.
+func request(t *testing.T, client *http.Client, method, target, body string, header http.Header) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, target, nil)
+	req, err := http.NewRequest(method, target, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	for k, v := range header {
 		req.Header[k] = v
@@ -110,7 +115,7 @@ func TestListenersRefuseOtherHosts(t *testing.T) {
 		if c.host != "" {
 			h.Set("Host", c.host)
 		}
-		code, body := request(t, nil, http.MethodGet, c.base+c.path, h)
+		code, body := request(t, nil, http.MethodGet, c.base+c.path, "", h)
 		if code != c.want {
 			t.Errorf("GET %s (Host %q, %v): %d, want %d\n%s", c.path, c.host, c.header, code, c.want, cut(body, 300))
 		}
@@ -405,15 +410,15 @@ func TestRelayListens(t *testing.T) {
 	client := tlsClient(t, cert)
 	outboxtest.WaitFor(t, deadline, "the relay to deliver", func() bool { return strings.Count(d.stderr(), "msg=delivered") == 2 })
 	for _, path := range []string{"/healthz", "/readyz"} {
-		code, body := request(t, client, http.MethodGet, base+path, nil)
+		code, body := request(t, client, http.MethodGet, base+path, "", nil)
 		if code != 200 || body != `{"status":"ok"}`+"\n" {
 			t.Errorf("%s without credentials: %d %q", path, code, body)
 		}
 	}
-	if code, _ := request(t, client, http.MethodGet, base+"/metrics", nil); code != http.StatusUnauthorized {
+	if code, _ := request(t, client, http.MethodGet, base+"/metrics", "", nil); code != http.StatusUnauthorized {
 		t.Errorf("/metrics without the token: %d, want 401", code)
 	}
-	code, metrics := request(t, client, http.MethodGet, base+"/metrics", http.Header{"Authorization": {"Bearer " + token}})
+	code, metrics := request(t, client, http.MethodGet, base+"/metrics", "", http.Header{"Authorization": {"Bearer " + token}})
 	if code != 200 || !strings.Contains(metrics, `cloudevents_event_type="orders.shipped"`) || !strings.Contains(metrics, `messaging_destination_name="memory"`) {
 		t.Errorf("/metrics with the token: %d, no event types or destinations:\n%s", code, cut(metrics, 3000))
 	}
@@ -428,7 +433,7 @@ func TestRelayListens(t *testing.T) {
 	base = "http://" + d.addr(t)
 	outboxtest.WaitFor(t, deadline, "the relay to deliver", func() bool { return strings.Count(d.stderr(), "msg=delivered") == 3 })
 	outboxtest.WaitFor(t, deadline, "/metrics to count 3 sent", func() bool {
-		_, metrics = request(t, nil, http.MethodGet, base+"/metrics", nil)
+		_, metrics = request(t, nil, http.MethodGet, base+"/metrics", "", nil)
 		return regexp.MustCompile(`messaging_client_sent_messages_total\{[^}]*\} 3\n`).MatchString(metrics)
 	})
 	if strings.Contains(metrics, "cloudevents_event_type") || strings.Contains(metrics, "messaging_destination_name") || strings.Contains(metrics, "orders.shipped") {
@@ -551,7 +556,7 @@ func TestConsoleAuth(t *testing.T) {
 	if line := grepLines(d.stderr(), "dead letter replayed"); strings.Contains(line, "mallory") || !regexp.MustCompile(`by=127\.0\.0\.1:\d+`).MatchString(line) {
 		t.Fatalf("the audit takes a name no credentials proved: %s", line)
 	}
-	code, body := request(t, nil, http.MethodGet, open+location, http.Header{"Cookie": {cookie.Name + "=" + cookie.Value}})
+	code, body := request(t, nil, http.MethodGet, open+location, "", http.Header{"Cookie": {cookie.Name + "=" + cookie.Value}})
 	if code != 200 || !strings.Contains(body, "Replayed: the event is back") {
 		t.Fatalf("after the replay, its notice: %d\n%s", code, cut(body, 2000))
 	}
