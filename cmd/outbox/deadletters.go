@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -254,69 +253,6 @@ func (a *app) dlList(ctx context.Context, args []string) error {
 	return nil
 }
 
-// previewBytes is how much of a body, of raw evidence and of each text "show" and the
-// console's entry page print; the rest is a download of its own (show --body, --raw).
-const previewBytes = 64 << 10
-
-// summaries lists the entries that match f, or the one entry id when it is set (if it
-// matches f too), without their bodies: a list costs the same whatever they hold.
-func (s *store) summaries(ctx context.Context, f deadletter.Filter, id int64) ([]sqlstore.DeadLetterSummary, error) {
-	if id != 0 {
-		f.AfterID, f.Limit = id-1, 1
-	}
-	es, err := sqlstore.DeadLetterSummaries(ctx, s.dialect, s.q, s.names, f)
-	if id != 0 && len(es) == 1 && es[0].ID != id {
-		es = nil
-	}
-	return es, err
-}
-
-// matching returns the IDs of every entry that matches f (or entry id alone, when set), a
-// page of summaries at a time.
-func (s *store) matching(ctx context.Context, f deadletter.Filter, id int64) ([]int64, error) {
-	var ids []int64
-	f.Limit = 1000
-	for {
-		page, err := s.summaries(ctx, f, id)
-		for _, e := range page {
-			ids = append(ids, e.ID)
-		}
-		if err != nil || id != 0 || len(page) < f.Limit {
-			return ids, err
-		}
-		f.AfterID = page[len(page)-1].ID
-	}
-}
-
-// copyBytes writes entry id's body ("body") or raw evidence ("raw") to w a chunk at a
-// time, calling before with its size first; found is false when there is no such entry or
-// it has no raw evidence.
-func (s *store) copyBytes(ctx context.Context, w io.Writer, id int64, column string, before func(total int64)) (found bool, err error) {
-	const chunk = 256 << 10
-	var offset int64
-	for {
-		b, total, ok, err := sqlstore.DeadLetterBytes(ctx, s.dialect, s.q, s.names, id, column, offset, chunk)
-		switch {
-		case err != nil:
-			return offset > 0, err
-		case !ok && offset == 0:
-			return false, nil
-		case !ok:
-			return true, fmt.Errorf("dead letter %d went away after %d bytes", id, offset)
-		}
-		if offset == 0 && before != nil {
-			before(total)
-		}
-		if _, err := w.Write(b); err != nil {
-			return true, err
-		}
-		offset += int64(len(b))
-		if offset >= total || len(b) == 0 {
-			return true, nil
-		}
-	}
-}
-
 func (a *app) dlShow(ctx context.Context, args []string) error {
 	fs := a.flags("dead-letters show", "ID [--json | --body | --raw]")
 	var f dbFlags
@@ -473,104 +409,6 @@ func rawBytes(b []byte) string {
 
 func indent(s, prefix string) string {
 	return prefix + strings.ReplaceAll(s, "\n", "\n"+prefix)
-}
-
-// entryJSON is a dead letter as --json prints it.
-type entryJSON struct {
-	ID              int64      `json:"id"`
-	Status          string     `json:"status"`
-	StatusChangedAt *time.Time `json:"status_changed_at,omitempty"`
-	Stage           string     `json:"stage"`
-	Kind            string     `json:"kind"`
-	Consumer        string     `json:"consumer,omitempty"`
-	Reason          string     `json:"reason"`
-	Attempts        int        `json:"attempts"`
-	FirstFailedAt   time.Time  `json:"first_failed_at"`
-	LastFailedAt    time.Time  `json:"last_failed_at"`
-	BrokerMessageID string     `json:"broker_message_id,omitempty"`
-	Event           eventJSON  `json:"event"`
-	Raw             *rawJSON   `json:"raw,omitempty"`
-	// RawBytes is the raw evidence's size, in a list (which leaves it out).
-	RawBytes int64 `json:"raw_bytes,omitempty"`
-}
-
-type eventJSON struct {
-	ID          string            `json:"id,omitempty"`
-	Type        string            `json:"type"`
-	Key         string            `json:"key,omitempty"`
-	ContentType string            `json:"content_type"`
-	CreatedAt   time.Time         `json:"created_at"`
-	Headers     map[string]string `json:"headers,omitempty"`
-	BodyBytes   int64             `json:"body_bytes"`
-	body
-}
-
-// body is a payload in JSON: as JSON when it is, as text when it is UTF-8, else base64.
-type body struct {
-	JSON   json.RawMessage `json:"body_json,omitempty"`
-	Text   *string         `json:"body_text,omitempty"`
-	Base64 string          `json:"body_base64,omitempty"`
-}
-
-func toBody(b []byte) body {
-	switch {
-	case len(b) > 0 && json.Valid(b):
-		return body{JSON: json.RawMessage(b)}
-	case utf8.Valid(b):
-		s := string(b)
-		return body{Text: &s}
-	}
-	return body{Base64: base64.StdEncoding.EncodeToString(b)}
-}
-
-type rawJSON struct {
-	ID              string            `json:"id,omitempty"`
-	Type            string            `json:"type,omitempty"`
-	Key             string            `json:"key,omitempty"`
-	ContentType     string            `json:"content_type,omitempty"`
-	CreatedAt       string            `json:"created_at,omitempty"`
-	Headers         map[string]string `json:"headers,omitempty"`
-	HeadersText     string            `json:"headers_text,omitempty"`
-	Consumer        string            `json:"consumer,omitempty"`
-	Reason          string            `json:"reason,omitempty"`
-	BrokerMessageID string            `json:"broker_message_id,omitempty"`
-	Attributes      map[string]string `json:"attributes,omitempty"`
-	body
-}
-
-func toJSON(e deadletter.Entry) entryJSON {
-	m := e.Message
-	out := entryJSON{
-		ID: e.ID, Status: string(e.Status), Stage: string(e.Stage), Kind: string(e.Kind), Consumer: e.Consumer,
-		Reason: e.Reason, Attempts: e.Attempts, FirstFailedAt: e.FirstFailedAt, LastFailedAt: e.LastFailedAt,
-		BrokerMessageID: e.BrokerMessageID,
-		Event: eventJSON{Type: m.Type, Key: m.Key, ContentType: m.ContentType, CreatedAt: m.CreatedAt,
-			Headers: m.Headers, BodyBytes: int64(len(m.Body)), body: toBody(m.Body)},
-	}
-	if !e.StatusChangedAt.IsZero() {
-		t := e.StatusChangedAt
-		out.StatusChangedAt = &t
-	}
-	if m.ID != uuid.Nil {
-		out.Event.ID = m.ID.String()
-	}
-	if r := e.Raw; r != nil {
-		out.Raw = &rawJSON{ID: r.ID, Type: r.Type, Key: r.Key, ContentType: r.ContentType, CreatedAt: r.CreatedAt,
-			Headers: r.Headers, HeadersText: r.HeadersText, Consumer: r.Consumer, Reason: r.Reason,
-			BrokerMessageID: r.BrokerMessageID, Attributes: r.Attributes}
-		if r.Body != nil {
-			out.Raw.body = toBody(r.Body)
-		}
-	}
-	return out
-}
-
-// summaryJSON is a listed entry as --json prints it: without its body, headers and raw
-// evidence (dead-letters show --json has them), with their sizes.
-func summaryJSON(e sqlstore.DeadLetterSummary) entryJSON {
-	out := toJSON(e.Entry)
-	out.Event.body, out.Event.BodyBytes, out.RawBytes = body{}, e.BodyBytes, e.RawBytes
-	return out
 }
 
 func (a *app) dlReplay(ctx context.Context, args []string) error {
