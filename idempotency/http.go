@@ -17,9 +17,14 @@ import (
 
 // HTTPConfig configures [HTTPHandler]; nil means the defaults.
 type HTTPConfig struct {
-	// Scope returns the key space of r, such as the authenticated account, so that two
-	// clients choosing the same key never see each other's responses. Keys of different
-	// scopes never collide. Default: one key space for the handler.
+	// Scope returns the key space of r: the authenticated client, such as its account ID.
+	// Required: two clients choosing the same key (a counter, a date, a guessable value)
+	// must never get each other's stored responses, nor block each other's requests, and
+	// only the application knows who its clients are. Keys of different scopes never
+	// collide. A function that returns a constant makes one key space for every client:
+	// only for an endpoint whose callers all trust each other. Prefer a stable identity (an
+	// account) to a credential (a token that is refreshed would change the scope, and a
+	// retry after the refresh would run again).
 	Scope func(r *http.Request) string
 	// Header is the request header that carries the key. Default "Idempotency-Key".
 	Header string
@@ -57,11 +62,20 @@ type HTTPTxHandler[TTx any] func(w http.ResponseWriter, r *http.Request, tx TTx)
 // (draft-ietf-httpapi-idempotency-key-header). A key reused for a different request (another
 // method, URL or body) gets 422 Unprocessable Content; an empty or over-long key gets 400.
 // The response is buffered whole before it is sent (h cannot stream).
+//
+// The stored response leaves out what is not the client's to replay: Set-Cookie (a
+// session set for the first request must not be handed to whoever sends its key again),
+// the headers that carry credentials, and the hop-by-hop ones; the first response keeps
+// them all.
+//
+// HTTPHandler panics when cfg or cfg.Scope is nil: which client a key belongs to is the
+// application's to say (see [HTTPConfig.Scope]).
 func HTTPHandler[TTx any](in Inbox[TTx], h HTTPTxHandler[TTx], cfg *HTTPConfig) http.Handler {
-	c := HTTPConfig{}
-	if cfg != nil {
-		c = *cfg
+	if cfg == nil || cfg.Scope == nil {
+		panic("idempotency: HTTPConfig.Scope is required: return the authenticated client's identity (its account), " +
+			"so that clients using the same Idempotency-Key never share responses")
 	}
+	c := *cfg
 	c.Header = cmp.Or(c.Header, "Idempotency-Key")
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 1 << 20
@@ -108,11 +122,7 @@ func (s *httpHandler[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	var key Key
 	if hasKey {
-		scope := ""
-		if s.cfg.Scope != nil {
-			scope = s.cfg.Scope(r)
-		}
-		key = RequestKey(scope, value)
+		key = RequestKey(s.cfg.Scope(r), value)
 	}
 	hash := requestHash(r, body)
 	rec := &recorder{header: http.Header{}}
@@ -133,7 +143,7 @@ func (s *httpHandler[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !hasKey {
 			return nil
 		}
-		return s.in.SaveResponse(ctx, tx, key, Response{RequestHash: hash, Status: rec.status(), Header: rec.header, Body: rec.body.Bytes()})
+		return s.in.SaveResponse(ctx, tx, key, Response{RequestHash: hash, Status: rec.status(), Header: replayable(rec.header), Body: rec.body.Bytes()})
 	})
 	switch {
 	case err == nil:
@@ -187,12 +197,36 @@ func (s *httpHandler[TTx]) replay(ctx context.Context, w http.ResponseWriter, ke
 		http.Error(w, "this "+s.cfg.Header+" was used for a different request", http.StatusUnprocessableEntity)
 		return
 	}
-	for k, vs := range resp.Header {
+	for k, vs := range replayable(resp.Header) { // responses stored before filtering too
 		w.Header()[k] = vs
 	}
 	w.Header().Set(ReplayedHeader, "true")
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
+}
+
+// notReplayed are the response headers a stored response leaves out: those that hand over
+// a session or credentials, and the hop-by-hop ones (RFC 9110 section 7.6.1), which
+// belonged to the first response's connection.
+var notReplayed = []string{
+	"Set-Cookie", "Set-Cookie2", "Authorization", "Proxy-Authorization", "Proxy-Authenticate",
+	"Authentication-Info", "Proxy-Authentication-Info",
+	"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// replayable returns h without the headers in notReplayed, nor those its Connection
+// header names.
+func replayable(h http.Header) http.Header {
+	out := h.Clone()
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			out.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range notReplayed {
+		out.Del(name)
+	}
+	return out
 }
 
 // requestHash identifies a request by its method, URL and body.

@@ -36,7 +36,7 @@ func exerciseHTTP[TTx any](t *testing.T, newFixture func(t *testing.T) *Idempote
 			entered <- struct{}{}
 			<-release // the first request holds its transaction while the others arrive
 			return nil
-		}), nil)
+		}), oneScope())
 		var wg sync.WaitGroup
 		responses := make([]*httptest.ResponseRecorder, clients)
 		for i := range responses {
@@ -79,7 +79,7 @@ func exerciseHTTP[TTx any](t *testing.T, newFixture func(t *testing.T) *Idempote
 				return errors.New("payment provider timed out")
 			}
 			return nil
-		}), nil)
+		}), oneScope())
 		if r := post(srv, "key-2", `{"text":"retried"}`); r.Code != http.StatusInternalServerError || strings.Contains(r.Body.String(), "payment") {
 			t.Fatalf("failed request: %d %q; want a bare 500", r.Code, r.Body)
 		}
@@ -135,7 +135,7 @@ func exerciseHTTP[TTx any](t *testing.T, newFixture func(t *testing.T) *Idempote
 		if r := send(strings.Repeat("x", 256), "acme", `{"text":"c"}`); r.Code != http.StatusBadRequest {
 			t.Fatalf("an over-long key: %d, want 400", r.Code)
 		}
-		required := f.IdempotentHTTP(orderHandler(f, nil), &idempotency.HTTPConfig{RequireKey: true})
+		required := f.IdempotentHTTP(orderHandler(f, nil), &idempotency.HTTPConfig{RequireKey: true, Scope: oneScope().Scope})
 		w := httptest.NewRecorder()
 		required.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"text":"d"}`)))
 		if w.Code != http.StatusBadRequest {
@@ -148,11 +148,46 @@ func exerciseHTTP[TTx any](t *testing.T, newFixture func(t *testing.T) *Idempote
 		}
 	})
 
+	// A replay hands over the stored status, body and headers, but not a cookie set for the
+	// first request (its session), credentials, or the first connection's hop-by-hop
+	// headers; the first response had them all.
+	t.Run("ReplayLeavesOutCookiesAndCredentials", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		orders := orderHandler(f, nil)
+		srv := f.IdempotentHTTP(func(w http.ResponseWriter, r *http.Request, tx TTx) error {
+			h := w.Header()
+			h.Add("Set-Cookie", "session=s3cret-session; HttpOnly")
+			h.Set("Authentication-Info", `nextnonce="s3cret"`)
+			h.Set("Connection", "X-Hop")
+			h.Set("X-Hop", "first connection only")
+			h.Set("Location", "/orders/1")
+			return orders(w, r, tx)
+		}, oneScope())
+		first := post(srv, "key-4", `{"text":"cookie"}`)
+		if first.Code != http.StatusCreated || first.Header().Get("Set-Cookie") == "" {
+			t.Fatalf("first response: %d %v", first.Code, first.Header())
+		}
+		again := post(srv, "key-4", `{"text":"cookie"}`)
+		if again.Code != http.StatusCreated || again.Header().Get(idempotency.ReplayedHeader) != "true" || again.Header().Get("Location") != "/orders/1" {
+			t.Fatalf("replay: %d %v", again.Code, again.Header())
+		}
+		for _, h := range []string{"Set-Cookie", "Authentication-Info", "Connection", "X-Hop"} {
+			if v := again.Header().Values(h); len(v) > 0 {
+				t.Errorf("the replay has %s: %q", h, v)
+			}
+		}
+		stored, found, err := f.Inbox.Response(context.Background(), idempotency.RequestKey("", "key-4"))
+		if err != nil || !found || stored.Header.Get("Set-Cookie") != "" || stored.Header.Get("Location") == "" {
+			t.Fatalf("the stored response: %v %v, %v", stored.Header, found, err)
+		}
+	})
+
 	// Stored responses are pruned with the inbox: after that, the key is free again.
 	t.Run("PrunedWithTheInbox", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
-		srv := f.IdempotentHTTP(orderHandler(f, nil), nil)
+		srv := f.IdempotentHTTP(orderHandler(f, nil), oneScope())
 		if r := post(srv, "key-3", `{"text":"old"}`); r.Code != http.StatusCreated {
 			t.Fatalf("%d %q", r.Code, r.Body)
 		}
@@ -204,6 +239,11 @@ func orderHandler[TTx any](f *IdempotencyFixture[TTx], hook func() error) idempo
 		_, err = fmt.Fprintf(w, `{"order_id":%q}`, id)
 		return err
 	}
+}
+
+// oneScope is a configuration with one key space, for the tests whose clients are one.
+func oneScope() *idempotency.HTTPConfig {
+	return &idempotency.HTTPConfig{Scope: func(*http.Request) string { return "" }}
 }
 
 // post sends a POST /orders with an Idempotency-Key.

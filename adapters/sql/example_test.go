@@ -15,6 +15,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
+	"github.com/txoutbox/outbox/idempotency"
 	outboxmem "github.com/txoutbox/outbox/transports/memory"
 )
 
@@ -125,12 +126,17 @@ func ExampleIdempotentHTTP() {
 		w.WriteHeader(http.StatusCreated)
 		_, err = fmt.Fprintln(w, orderID)
 		return err
-	}, nil)
+	}, &idempotency.HTTPConfig{
+		// Keys are per client: here the basic-auth user, in an application the
+		// authenticated account.
+		Scope: func(r *http.Request) string { user, _, _ := r.BasicAuth(); return user },
+	})
 
 	for range 2 { // the client retries: its first response was lost on the way
 		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader("item=book"))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		req.SetBasicAuth("acme", "password")
 		w := httptest.NewRecorder()
 		createOrder.ServeHTTP(w, req)
 		fmt.Print(w.Code, " ", w.Header().Get("Idempotent-Replayed"), " ", w.Body)

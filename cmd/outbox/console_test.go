@@ -49,10 +49,17 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
-var consoleRe = regexp.MustCompile(`msg="console serving" addr=http://(127\.0\.0\.1:\d+)`)
+var consoleRe = regexp.MustCompile(`msg="console serving" addr=https?://(127\.0\.0\.1:\d+)`)
 
 // startConsole runs "outbox serve" as a subprocess and returns its base URL.
 func startConsole(t *testing.T, tb *testDB, env []string, extra ...string) string {
+	t.Helper()
+	base, _ := startConsoleDaemon(t, tb, env, extra...)
+	return base
+}
+
+// startConsoleDaemon is startConsole that also returns the process, for its log.
+func startConsoleDaemon(t *testing.T, tb *testDB, env []string, extra ...string) (string, *daemon) {
 	t.Helper()
 	d := startDaemon(t, env, append(append([]string{"serve"}, tb.flags...), append([]string{"--listen", "127.0.0.1:0"}, extra...)...)...)
 	var addr string
@@ -62,13 +69,20 @@ func startConsole(t *testing.T, tb *testDB, env []string, extra ...string) strin
 		}
 		return addr != ""
 	})
-	return "http://" + addr
+	return "http://" + addr, d
 }
 
 const consoleUser, consolePassword = "ops", "s3cretPW-console"
 
 // browse returns a headless Chromium context that sends the console's basic auth.
 func browse(t *testing.T) context.Context {
+	t.Helper()
+	return browseAs(t, true)
+}
+
+// browseAs returns a headless Chromium context, sending the console's basic auth when
+// auth is true, with extra flags.
+func browseAs(t *testing.T, auth bool, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	// A profile of its own, removed once Chromium has exited (it may still be writing when
 	// the allocator is cancelled, which t.TempDir's cleanup would report as an error).
@@ -94,14 +108,19 @@ func browse(t *testing.T) context.Context {
 		chromedp.UserDataDir(profile),
 		chromedp.WindowSize(1280, 1000),
 	}
+	opts = append(opts, extra...)
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)
 	ctx, cancel := chromedp.NewContext(alloc)
 	t.Cleanup(cancel)
 	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
 	t.Cleanup(cancelTimeout)
-	auth := base64.StdEncoding.EncodeToString([]byte(consoleUser + ":" + consolePassword))
-	if err := chromedp.Run(ctx, network.Enable(), network.SetExtraHTTPHeaders(network.Headers{"Authorization": "Basic " + auth})); err != nil {
+	actions := []chromedp.Action{network.Enable()}
+	if auth {
+		basic := base64.StdEncoding.EncodeToString([]byte(consoleUser + ":" + consolePassword))
+		actions = append(actions, network.SetExtraHTTPHeaders(network.Headers{"Authorization": "Basic " + basic}))
+	}
+	if err := chromedp.Run(ctx, actions...); err != nil {
 		t.Fatalf("starting Chromium: %v", err)
 	}
 	return ctx
@@ -299,25 +318,15 @@ func TestConsoleInBrowser(t *testing.T) {
 // post sends a form to the console with basic auth and returns the status and body.
 func post(t *testing.T, target string, form url.Values, cookie *http.Cookie, header http.Header) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, target, strings.NewReader(form.Encode()))
-	if err != nil {
-		t.Fatal(err)
+	h := header.Clone()
+	if h == nil {
+		h = http.Header{}
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.SetBasicAuth(consoleUser, consolePassword)
-	for k, v := range header {
-		req.Header[k] = v
-	}
+	h.Set("Authorization", "Basic "+basic(consoleUser, consolePassword))
 	if cookie != nil {
-		req.AddCookie(cookie)
+		h.Add("Cookie", cookie.Name+"="+cookie.Value)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return request(t, nil, http.MethodPost, target, form.Encode(), h)
 }
 
 // TestConsoleRefuses: the console's safety rules, over plain HTTP: credentials required,
@@ -455,11 +464,5 @@ func TestConsoleEscapes(t *testing.T) {
 
 func getPage(t *testing.T, target string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return request(t, nil, http.MethodGet, target, "", nil)
 }

@@ -29,12 +29,10 @@ type dbFlags struct {
 
 // add registers the flags on fs, with defaults from the environment.
 func (f *dbFlags) add(a *app, fs *flag.FlagSet) {
-	fs.StringVar(&f.url, "database-url", a.getenv("OUTBOX_DATABASE_URL"),
-		"the database: postgres://…, mysql://…, sqlite:///path/file.db or a file path (env OUTBOX_DATABASE_URL)")
-	fs.StringVar(&f.schema, "schema", a.getenv("OUTBOX_SCHEMA"),
-		"the tables' schema (MySQL: database); default the connection's (env OUTBOX_SCHEMA)")
-	fs.StringVar(&f.table, "table", a.getenv("OUTBOX_TABLE"),
-		"the outbox table, prefix of the others (env OUTBOX_TABLE)")
+	a.envFlag(fs, &f.url, "database-url", "OUTBOX_DATABASE_URL",
+		"the database `URL`: postgres://…, host=… dbname=… (PostgreSQL), mysql://…, sqlite:///path/file.db or a file path")
+	a.envFlag(fs, &f.schema, "schema", "OUTBOX_SCHEMA", "the tables' `schema` (MySQL: database); default the connection's")
+	a.envFlag(fs, &f.table, "table", "OUTBOX_TABLE", "the outbox `table`, prefix of the others")
 }
 
 func (f *dbFlags) tables() outbox.Tables { return outbox.Tables{Schema: f.schema, Outbox: f.table} }
@@ -64,16 +62,25 @@ type target struct {
 	file    string // SQLite: the database file
 }
 
-// parseDatabaseURL reads a database URL and records its secrets with r. PostgreSQL URLs go
-// to pgx as they are; mysql://user:pass@host:3306/db?param=v becomes the DSN of
-// go-sql-driver/mysql; sqlite:///abs/path.db, sqlite://relative.db and plain file paths open
-// SQLite files, with WAL and a busy timeout unless the URL sets its own pragmas.
+// parseDatabaseURL reads a database URL and records its secrets with r first, so that
+// no message about it can print them. PostgreSQL URLs and keyword/value connection strings
+// (host=… user=… password=…) go to pgx as they are; mysql://user:pass@host:3306/db?param=v
+// becomes the DSN of go-sql-driver/mysql; sqlite:///abs/path.db, sqlite://relative.db and
+// plain file paths open SQLite files, with WAL and a busy timeout unless the URL sets its
+// own pragmas. Nothing in an error repeats the value: it may hold a password.
 func parseDatabaseURL(raw string, r *redactor) (target, error) {
 	if raw == "" {
 		return target{}, usagef("no database: set OUTBOX_DATABASE_URL or --database-url (postgres://…, mysql://…, sqlite:///path.db)")
 	}
+	r.addAny(raw)
+	if looksLikeKeywords(raw) {
+		return target{dialect: sqlstore.Postgres, driver: "pgx", dsn: raw, shown: r.redact("postgres (" + redactKeywords(raw) + ")")}, nil
+	}
 	scheme, rest, hasScheme := strings.Cut(raw, "://")
 	if !hasScheme {
+		if user, _, ok := strings.Cut(raw, "@"); ok && strings.Contains(user, ":") {
+			return target{}, usagef("--database-url holds user:password@ without a scheme: it is not a file path; write postgres://… or mysql://…")
+		}
 		scheme, rest = "sqlite", raw
 		if strings.HasPrefix(raw, "file:") {
 			rest = strings.TrimPrefix(raw, "file:")
@@ -81,18 +88,17 @@ func parseDatabaseURL(raw string, r *redactor) (target, error) {
 	}
 	switch strings.ToLower(scheme) {
 	case "postgres", "postgresql":
-		u, err := url.Parse(raw)
+		u, err := parseURL(raw)
 		if err != nil {
-			return target{}, usagef("--database-url: %v", r.hideURLError(raw, err))
+			return target{}, usagef("--database-url: %v", err)
 		}
-		r.addURL(u)
-		return target{dialect: sqlstore.Postgres, driver: "pgx", dsn: raw, shown: redactURL(u)}, nil
+		return target{dialect: sqlstore.Postgres, driver: "pgx", dsn: raw, shown: r.redact(redactURL(u))}, nil
 	case "mysql", "mariadb":
-		u, err := url.Parse(raw)
+		u, err := parseURL(raw)
 		if err != nil {
-			return target{}, usagef("--database-url: %v", r.hideURLError(raw, err))
+			return target{}, usagef("--database-url: %v", err)
 		}
-		r.addURL(u)
+		shown := r.redact(redactURL(u))
 		cfg := mysql.NewConfig()
 		cfg.User = u.User.Username()
 		cfg.Passwd, _ = u.User.Password()
@@ -111,28 +117,28 @@ func parseDatabaseURL(raw string, r *redactor) (target, error) {
 			dsn += sep + u.RawQuery
 		}
 		if _, err := mysql.ParseDSN(dsn); err != nil {
-			return target{}, usagef("--database-url: %s: %v", redactURL(u), r.hide(err))
+			return target{}, usagef("--database-url: %s: %v", shown, r.hide(err))
 		}
-		return target{dialect: sqlstore.MySQL, driver: "mysql", dsn: dsn, shown: redactURL(u)}, nil
+		return target{dialect: sqlstore.MySQL, driver: "mysql", dsn: dsn, shown: shown}, nil
 	case "sqlite", "sqlite3", "file":
 		path, query, _ := strings.Cut(rest, "?")
 		if path == "" {
-			return target{}, usagef("--database-url %q names no SQLite file", raw)
+			return target{}, usagef("--database-url names no SQLite file")
 		}
 		if path == ":memory:" {
 			return target{}, usagef("--database-url: an in-memory SQLite database is empty for every connection; name a file")
 		}
 		q, err := url.ParseQuery(query)
 		if err != nil {
-			return target{}, usagef("--database-url: SQLite parameters %q: %v", query, err)
+			return target{}, usagef("--database-url: the SQLite parameters do not parse: %v", r.hide(err))
 		}
 		if _, ok := q["_pragma"]; !ok {
 			q.Add("_pragma", "journal_mode(WAL)")
 			q.Add("_pragma", "busy_timeout(5000)")
 		}
-		return target{dialect: sqlstore.SQLite, driver: "sqlite", dsn: "file:" + path + "?" + q.Encode(), shown: "sqlite://" + path, file: path}, nil
+		return target{dialect: sqlstore.SQLite, driver: "sqlite", dsn: "file:" + path + "?" + q.Encode(), shown: r.redact("sqlite://" + path), file: path}, nil
 	}
-	return target{}, usagef("--database-url: unknown scheme %q: want postgres://, mysql://, sqlite:// or a file path", scheme)
+	return target{}, usagef("--database-url: unknown scheme %q: want postgres://, mysql://, sqlite://, a keyword/value string (host=… dbname=…) or a file path", cut(scheme, 20))
 }
 
 // store is an open outbox: its database and the tables' names.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -21,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/internal/sqlstore"
 )
 
 func (a *app) deadLetters(ctx context.Context, args []string) error {
@@ -226,14 +226,14 @@ func (a *app) dlList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer s.Close()
-	entries, err := listEntries(ctx, s.deadLetters(), flt, ff.id)
+	entries, err := s.summaries(ctx, flt, ff.id)
 	if err != nil {
 		return a.stderr.hide(err)
 	}
 	if *asJSON {
 		out := make([]entryJSON, len(entries))
 		for i, e := range entries {
-			out[i] = toJSON(e)
+			out[i] = summaryJSON(e)
 		}
 		return printJSON(a.stdout, out)
 	}
@@ -253,31 +253,22 @@ func (a *app) dlList(ctx context.Context, args []string) error {
 	return nil
 }
 
-// listEntries lists the entries that match f, or the one entry id when it is set (if it
-// matches f too).
-func listEntries(ctx context.Context, t deadletter.Table, f deadletter.Filter, id int64) ([]deadletter.Entry, error) {
-	if id == 0 {
-		return t.List(ctx, f)
-	}
-	f.AfterID, f.Limit = id-1, 1
-	es, err := t.List(ctx, f)
-	if len(es) == 1 && es[0].ID != id {
-		es = nil
-	}
-	return es, err
-}
-
 func (a *app) dlShow(ctx context.Context, args []string) error {
-	fs := a.flags("dead-letters show", "ID [--json]")
+	fs := a.flags("dead-letters show", "ID [--json | --body | --raw]")
 	var f dbFlags
 	f.add(a, fs)
-	asJSON := fs.Bool("json", false, "print the entry as JSON")
+	asJSON := fs.Bool("json", false, "print the entry as JSON, whole")
+	body := fs.Bool("body", false, "write the event's body to stdout, whole and as it is (redirect it to a file)")
+	raw := fs.Bool("raw", false, "write the raw evidence to stdout, whole and as it is (txoutbox-raw/1 text: fields, a blank line, the body as received)")
 	rest, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) != 1 {
 		return usagef("dead-letters show takes one ID, got %d arguments", len(rest))
+	}
+	if n := btoi(*asJSON) + btoi(*body) + btoi(*raw); n > 1 {
+		return usagef("--json, --body and --raw exclude each other")
 	}
 	id, err := parseID(rest[0])
 	if err != nil {
@@ -288,12 +279,36 @@ func (a *app) dlShow(ctx context.Context, args []string) error {
 		return err
 	}
 	defer s.Close()
-	e, err := s.deadLetters().Get(ctx, id)
+	switch {
+	case *asJSON:
+		e, err := s.deadLetters().Get(ctx, id)
+		if err != nil {
+			return a.stderr.hide(err)
+		}
+		return printJSON(a.stdout, toJSON(e))
+	case *body || *raw:
+		column := "body"
+		if *raw {
+			column = "raw"
+		}
+		found, err := s.copyBytes(ctx, a.stdout, id, column, nil)
+		if err != nil {
+			return a.stderr.hide(err)
+		}
+		if !found {
+			if *raw {
+				if _, err := s.deadLetters().Get(ctx, id); err != nil {
+					return a.stderr.hide(err)
+				}
+				return fmt.Errorf("dead letter %d has no raw evidence", id)
+			}
+			return fmt.Errorf("%w: %d", deadletter.ErrNotFound, id)
+		}
+		return nil
+	}
+	e, err := sqlstore.PreviewDeadLetter(ctx, s.dialect, s.q, s.names, id, previewBytes)
 	if err != nil {
 		return a.stderr.hide(err)
-	}
-	if *asJSON {
-		return printJSON(a.stdout, toJSON(e))
 	}
 	a.printEntry(e)
 	return nil
@@ -307,12 +322,14 @@ func parseID(s string) (int64, error) {
 	return id, nil
 }
 
-func (a *app) printEntry(e deadletter.Entry) {
+// printEntry prints e for people: every text made safe for the terminal, the payload and
+// the raw evidence as far as the preview goes, and how to get the rest.
+func (a *app) printEntry(e sqlstore.DeadLetterPreview) {
 	w := a.stdout
 	m := e.Message
 	line := func(name, v string) { fmt.Fprintf(w, "%-18s %s\n", name, clean(v)) }
 	line("id", strconv.FormatInt(e.ID, 10))
-	line("status", string(e.Status)+whenChanged(e))
+	line("status", string(e.Status)+whenChanged(e.Entry))
 	line("stage", string(e.Stage))
 	line("kind", orDash(string(e.Kind)))
 	if e.Consumer != "" {
@@ -340,16 +357,23 @@ func (a *app) printEntry(e deadletter.Entry) {
 			fmt.Fprintf(w, "  %s: %s\n", clean(k), clean(m.Headers[k]))
 		}
 	}
-	fmt.Fprintf(w, "payload (%d bytes)\n", len(m.Body))
+	fmt.Fprintf(w, "payload (%s bytes)\n", count(e.BodyBytes))
 	fmt.Fprintln(w, indent(payloadText(m.Body), "  "))
+	if e.BodyBytes > int64(len(m.Body)) {
+		fmt.Fprintf(w, "  … cut after %s bytes: outbox dead-letters show --body %d > FILE writes it whole\n", count(len(m.Body)), e.ID)
+	}
 	if r := e.Raw; r != nil {
 		fmt.Fprintln(w, "raw evidence (as received, before anything was changed to store it)")
-		raw, _ := r.MarshalText()
-		head, body, _ := bytes.Cut(raw, []byte("\n\n"))
-		fmt.Fprintln(w, indent(cleanBlock(string(head)), "  "))
-		if len(r.Body) > 0 || len(body) > 0 {
-			fmt.Fprintf(w, "  body (%d bytes):\n", len(r.Body))
+		fields := *r
+		fields.Body = nil
+		head, _ := fields.MarshalText()
+		fmt.Fprintln(w, indent(cleanBlock(strings.TrimSuffix(string(head), "\n")), "  "))
+		if len(r.Body) > 0 {
+			fmt.Fprintf(w, "  body (%s bytes shown):\n", count(len(r.Body)))
 			fmt.Fprintln(w, indent(rawBytes(r.Body), "    "))
+		}
+		if e.RawCut {
+			fmt.Fprintf(w, "  … cut after %s of %s bytes: outbox dead-letters show --raw %d > FILE writes it whole\n", count(previewBytes), count(e.RawBytes), e.ID)
 		}
 	}
 }
@@ -374,103 +398,17 @@ func payloadText(body []byte) string {
 	return rawBytes(body)
 }
 
-// rawBytes shows bytes as text when they are printable UTF-8, as a hex dump otherwise.
+// rawBytes shows bytes as text when they are UTF-8 (each line made safe, see clean), as a
+// hex dump otherwise.
 func rawBytes(b []byte) string {
-	if utf8.Valid(b) && !bytes.ContainsFunc(b, func(r rune) bool { return r < 0x20 && r != '\n' && r != '\t' || r == 0x7f }) {
-		return string(b)
+	if utf8.Valid(b) {
+		return cleanBlock(string(b))
 	}
 	return strings.TrimRight(hex.Dump(b), "\n")
 }
 
 func indent(s, prefix string) string {
 	return prefix + strings.ReplaceAll(s, "\n", "\n"+prefix)
-}
-
-// entryJSON is a dead letter as --json prints it.
-type entryJSON struct {
-	ID              int64      `json:"id"`
-	Status          string     `json:"status"`
-	StatusChangedAt *time.Time `json:"status_changed_at,omitempty"`
-	Stage           string     `json:"stage"`
-	Kind            string     `json:"kind"`
-	Consumer        string     `json:"consumer,omitempty"`
-	Reason          string     `json:"reason"`
-	Attempts        int        `json:"attempts"`
-	FirstFailedAt   time.Time  `json:"first_failed_at"`
-	LastFailedAt    time.Time  `json:"last_failed_at"`
-	BrokerMessageID string     `json:"broker_message_id,omitempty"`
-	Event           eventJSON  `json:"event"`
-	Raw             *rawJSON   `json:"raw,omitempty"`
-}
-
-type eventJSON struct {
-	ID          string            `json:"id,omitempty"`
-	Type        string            `json:"type"`
-	Key         string            `json:"key,omitempty"`
-	ContentType string            `json:"content_type"`
-	CreatedAt   time.Time         `json:"created_at"`
-	Headers     map[string]string `json:"headers,omitempty"`
-	body
-}
-
-// body is a payload in JSON: as JSON when it is, as text when it is UTF-8, else base64.
-type body struct {
-	JSON   json.RawMessage `json:"body_json,omitempty"`
-	Text   *string         `json:"body_text,omitempty"`
-	Base64 string          `json:"body_base64,omitempty"`
-}
-
-func toBody(b []byte) body {
-	switch {
-	case len(b) > 0 && json.Valid(b):
-		return body{JSON: json.RawMessage(b)}
-	case utf8.Valid(b):
-		s := string(b)
-		return body{Text: &s}
-	}
-	return body{Base64: base64.StdEncoding.EncodeToString(b)}
-}
-
-type rawJSON struct {
-	ID              string            `json:"id,omitempty"`
-	Type            string            `json:"type,omitempty"`
-	Key             string            `json:"key,omitempty"`
-	ContentType     string            `json:"content_type,omitempty"`
-	CreatedAt       string            `json:"created_at,omitempty"`
-	Headers         map[string]string `json:"headers,omitempty"`
-	HeadersText     string            `json:"headers_text,omitempty"`
-	Consumer        string            `json:"consumer,omitempty"`
-	Reason          string            `json:"reason,omitempty"`
-	BrokerMessageID string            `json:"broker_message_id,omitempty"`
-	Attributes      map[string]string `json:"attributes,omitempty"`
-	body
-}
-
-func toJSON(e deadletter.Entry) entryJSON {
-	m := e.Message
-	out := entryJSON{
-		ID: e.ID, Status: string(e.Status), Stage: string(e.Stage), Kind: string(e.Kind), Consumer: e.Consumer,
-		Reason: e.Reason, Attempts: e.Attempts, FirstFailedAt: e.FirstFailedAt, LastFailedAt: e.LastFailedAt,
-		BrokerMessageID: e.BrokerMessageID,
-		Event: eventJSON{Type: m.Type, Key: m.Key, ContentType: m.ContentType, CreatedAt: m.CreatedAt,
-			Headers: m.Headers, body: toBody(m.Body)},
-	}
-	if !e.StatusChangedAt.IsZero() {
-		t := e.StatusChangedAt
-		out.StatusChangedAt = &t
-	}
-	if m.ID != uuid.Nil {
-		out.Event.ID = m.ID.String()
-	}
-	if r := e.Raw; r != nil {
-		out.Raw = &rawJSON{ID: r.ID, Type: r.Type, Key: r.Key, ContentType: r.ContentType, CreatedAt: r.CreatedAt,
-			Headers: r.Headers, HeadersText: r.HeadersText, Consumer: r.Consumer, Reason: r.Reason,
-			BrokerMessageID: r.BrokerMessageID, Attributes: r.Attributes}
-		if r.Body != nil {
-			out.Raw.body = toBody(r.Body)
-		}
-	}
-	return out
 }
 
 func (a *app) dlReplay(ctx context.Context, args []string) error {
@@ -542,15 +480,7 @@ func (a *app) dlAct(ctx context.Context, verb string, args []string) error {
 		act, past = deadletter.DiscardEach, "discarded"
 	}
 	if *all { // ids are those that match, counted once, confirmed
-		if ff.id != 0 {
-			es, err := listEntries(ctx, t, flt, ff.id)
-			if err != nil {
-				return a.stderr.hide(err)
-			}
-			for _, e := range es {
-				ids = append(ids, e.ID)
-			}
-		} else if ids, err = deadletter.Matching(ctx, t, flt); err != nil {
+		if ids, err = s.matching(ctx, flt, ff.id); err != nil {
 			return a.stderr.hide(err)
 		}
 		if len(ids) == 0 {

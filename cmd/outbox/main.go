@@ -56,10 +56,19 @@ type app struct {
 }
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) *app {
-	return &app{
+	a := &app{
 		stdin: stdin, stdout: stdout, stderr: &redactor{w: stderr}, getenv: getenv,
 		stdinTerminal: isTerminal(stdin), stderrTerminal: isTerminal(stderr),
 	}
+	// The secrets the environment holds are known before anything can print them, whether
+	// or not this run uses them.
+	for _, name := range []string{"OUTBOX_DATABASE_URL", "OUTBOX_TRANSPORT_URL", "AZURE_STORAGE_CONNECTION_STRING"} {
+		a.stderr.addAny(getenv(name))
+	}
+	for _, name := range []string{"OUTBOX_CONSOLE_TOKEN", "OUTBOX_CONSOLE_PASSWORD", "OUTBOX_RELAY_TOKEN", "OUTBOX_RELAY_PASSWORD"} {
+		a.stderr.add(getenv(name))
+	}
+	return a
 }
 
 // isTerminal reports whether f is a character device (a terminal), not a file or a pipe.
@@ -150,7 +159,7 @@ func (a *app) exit(err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
-	fmt.Fprintf(a.stderr, "outbox: %v\n", err)
+	fmt.Fprintf(a.stderr, "outbox: %s\n", cleanBlock(err.Error()))
 	var usage usageError
 	switch {
 	case errors.As(err, &usage):
@@ -174,6 +183,33 @@ func (a *app) flags(name, args string) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// envString is a string flag whose default comes from the environment. Its value is never
+// printed as a default (usage, -h, a flag error's usage): it may be a URL with a password.
+type envString struct {
+	p   *string
+	set bool // by the command line
+}
+
+func (e *envString) String() string {
+	if e == nil || e.p == nil || !e.set {
+		return ""
+	}
+	return *e.p
+}
+
+func (e *envString) Set(s string) error { *e.p, e.set = s, true; return nil }
+
+// envFlag registers the string flag name on fs, defaulting to the environment variable
+// env. The usage says whether env is set, never its value.
+func (a *app) envFlag(fs *flag.FlagSet, p *string, name, env, usage string) {
+	*p = a.getenv(env)
+	note := " (env " + env + ")"
+	if *p != "" {
+		note = " (env " + env + ", which is set)"
+	}
+	fs.Var(&envString{p: p}, name, usage+note)
 }
 
 // parse parses args with fs, flags and positional arguments in any order ("show 42 --json"

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
-	"unicode"
 	"unicode/utf8"
 )
 
@@ -38,22 +37,25 @@ func (t *table) row(cells ...string) {
 
 func (t *table) flush() { t.tw.Flush() }
 
-// clean makes text from the database safe to print on a terminal: a reason, a type or a
-// payload may hold anything, and escape sequences in it must not drive the operator's
-// terminal. Control characters and invalid UTF-8 are shown escaped, as Go quotes them.
+// clean makes text from the database safe to print on a terminal or a page: a reason, a
+// type or a payload may hold anything. Escape sequences must not drive the operator's
+// terminal (C0 and C1 controls: ESC, CSI U+009B, OSC U+009D…), and text must not display
+// as something it is not (bidi overrides such as U+202E, zero-width and other format
+// characters, line separators, invalid UTF-8). When s holds any of them, it is shown
+// escaped, as Go quotes strings; other text is left as it is.
 func clean(s string) string {
-	ok := true
-	for _, r := range s {
-		if r == utf8.RuneError || unicode.IsControl(r) && r != '\t' {
-			ok = false
-			break
-		}
-	}
-	if ok {
+	if !strings.ContainsFunc(s, unsafeRune) && utf8.ValidString(s) {
 		return s
 	}
 	q := strconv.Quote(s)
 	return q[1 : len(q)-1]
+}
+
+// unsafeRune reports whether r must not reach a terminal or a page as it is: anything
+// strconv.Quote would escape but a tab (controls, format characters such as bidi overrides
+// and zero-width ones, separators other than the space, unassigned code points).
+func unsafeRune(r rune) bool {
+	return r != '\t' && (r == utf8.RuneError || !strconv.IsPrint(r))
 }
 
 // cleanBlock is clean for multi-line text (a pretty-printed payload): newlines stay.

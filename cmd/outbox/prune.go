@@ -3,7 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 )
+
+// minInboxRetention is the shortest --inbox-retention prune takes without --force: inbox
+// keys younger than a day are the ones a redelivery, a replay or a client's retry still
+// needs, and a key pruned early lets its handler run twice.
+const minInboxRetention = 24 * time.Hour
 
 // pruneReport is what "outbox prune" deleted.
 type pruneReport struct {
@@ -16,9 +22,10 @@ func (a *app) prune(ctx context.Context, args []string) error {
 	var f dbFlags
 	f.add(a, fs)
 	var inbox, dead durationFlag
-	fs.Var(&inbox, "inbox-retention", "delete inbox keys (and stored HTTP responses) older than this: 90m, 24h, 14d; keep it longer than the longest redelivery horizon")
+	fs.Var(&inbox, "inbox-retention", "delete inbox keys (and stored HTTP responses) older than this: 24h, 14d; keep it longer than the longest redelivery horizon. Under 24h needs --force")
 	fs.Var(&dead, "dead-letters-retention", "delete dead letters replayed or discarded longer ago than this (pending ones are never deleted)")
 	batch := fs.Int("batch", 10000, "rows deleted per statement; each statement is its own short transaction")
+	force := fs.Bool("force", false, "allow an --inbox-retention under 24h")
 	asJSON := fs.Bool("json", false, "print what was deleted as JSON")
 	rest, err := parse(fs, args)
 	if err != nil {
@@ -29,6 +36,10 @@ func (a *app) prune(ctx context.Context, args []string) error {
 	}
 	if !inbox.set && !dead.set {
 		return usagef("prune needs --inbox-retention, --dead-letters-retention or both")
+	}
+	if inbox.set && inbox.d < minInboxRetention && !*force {
+		return usagef("--inbox-retention %s is under %s: a redelivery or an HTTP retry after its key is gone runs its handler again, a second effect. "+
+			"Keep keys longer than anything can redeliver (docs/delivery.md); add --force if you mean it", inbox.text, "24h")
 	}
 	if *batch < 1 || *batch > 1000000 {
 		return usagef("--batch %d is outside 1..1000000", *batch)

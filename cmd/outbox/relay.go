@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -22,10 +24,12 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	fs := a.flags("relay", "--transport URL [--route TYPE=DEST]... [flags]")
 	var f dbFlags
 	f.add(a, fs)
-	transportURL := fs.String("transport", a.getenv("OUTBOX_TRANSPORT_URL"), transportHelp+"\n(env OUTBOX_TRANSPORT_URL)")
+	transportURL := new(string)
+	a.envFlag(fs, transportURL, "transport", "OUTBOX_TRANSPORT_URL", "the broker's `URL`: "+strings.TrimPrefix(transportHelp, "the broker, by URL:")+"\n")
 	var routes stringsFlag
 	fs.Var(&routes, "route", "send events of a type to their own destination: TYPE=QUEUE, TYPE=SUBJECT, TYPE=TOPIC or TYPE=ROUTING_KEY (repeat it)")
-	listen := fs.String("listen", "127.0.0.1:9464", "serve GET /healthz and GET /metrics (Prometheus) here; \"\" for neither. Loopback by default: expose it on purpose")
+	lf := listenFlags{credentialsNamed: "OUTBOX_RELAY_TOKEN, or OUTBOX_RELAY_USER and OUTBOX_RELAY_PASSWORD"}
+	lf.add(fs, "127.0.0.1:9464", "serve GET /healthz, GET /readyz and GET /metrics (Prometheus) here; \"\" for none")
 	name := fs.String("name", "", "the relay's name in leases and logs (default host:pid:random)")
 	batch := fs.Int("batch-size", 0, "messages per claim (default 500)")
 	attempts := fs.Int("max-attempts", 0, "delivery attempts before a message is dead-lettered (default 10)")
@@ -56,6 +60,19 @@ func (a *app) relay(ctx context.Context, args []string) error {
 		return usagef("--log-format %q: want text or json", *logFormat)
 	}
 	log := slog.New(handler)
+	// The listener first: an address it may not serve is refused before anything connects.
+	var creds credentials
+	var ln net.Listener
+	var tlsConfig *tls.Config
+	if lf.addr != "" {
+		if creds, err = a.readCredentials("OUTBOX_RELAY"); err != nil {
+			return err
+		}
+		if ln, tlsConfig, err = lf.listen(creds); err != nil {
+			return err
+		}
+		defer ln.Close()
+	}
 
 	s, err := a.openMigrated(ctx, f)
 	if err != nil {
@@ -94,51 +111,120 @@ func (a *app) relay(ctx context.Context, args []string) error {
 		return usageError{err}
 	}
 
-	// Healthy from before /healthz answers until Run returns: a probe that reads the address
-	// from the log must not see the relay as stopping before it started.
-	var running atomic.Bool
-	running.Store(true)
-	var srv *http.Server
-	if *listen != "" {
-		ln, err := net.Listen("tcp", *listen)
-		if err != nil {
-			return fmt.Errorf("--listen %s: %w", *listen, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-			defer cancel()
-			switch err := s.db.PingContext(ctx); {
-			case !running.Load():
-				http.Error(w, "stopping", http.StatusServiceUnavailable)
-			case err != nil:
-				http.Error(w, "database unreachable: "+a.stderr.redact(err.Error()), http.StatusServiceUnavailable)
-			default:
-				fmt.Fprintln(w, "ok")
-			}
-		})
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("health and metrics server", "err", err)
-			}
-		}()
-		log.Info("serving /healthz and /metrics", "addr", "http://"+ln.Addr().String())
+	var done atomic.Bool // Run returned
+	var srv *httpServer
+	if ln != nil {
+		p := probes{state: relay.State, done: done.Load}
+		srv = serveHTTP(ln, tlsConfig, relayHandler(newGuard(&lf, creds), registry, p),
+			&http.Server{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, log)
+		log.Info("serving /healthz, /readyz and /metrics", "addr", srv.url, "auth", creds.describe())
 	}
 
 	log.Info("relay started", "outbox", s.names.Outbox, "database", s.shown, "transport", t.shown)
 	err = relay.Run(ctx)
-	running.Store(false)
+	done.Store(true)
 	if srv != nil {
-		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = srv.Shutdown(shutdown)
-		cancel()
+		_ = srv.stop(ctx)
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return a.stderr.hide(err)
 	}
 	log.Info("relay stopped: in-flight batches finished, unsent leases released")
 	return nil
+}
+
+// relayHandler serves the relay's probes and metrics behind g. The probes need no
+// credentials (a kubelet or a load balancer asks them) and say only the state and since
+// when; /metrics needs them when they are configured. Without credentials configured
+// (loopback only), /metrics leaves out the event types and destinations.
+func relayHandler(g *guard, registry *prometheus.Registry, p probes) http.Handler {
+	g.open = func(path string) bool { return path == "/healthz" || path == "/readyz" }
+	full := promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
+	coarse := promhttp.HandlerFor(withoutLabels(registry, privateLabels...), promhttp.HandlerOpts{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", p.healthz)
+	mux.HandleFunc("GET /readyz", p.readyz)
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if g.creds.enabled() {
+			full.ServeHTTP(w, r)
+			return
+		}
+		coarse.ServeHTTP(w, r)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Cache-Control", "no-store")
+		if _, ok := g.admit(w, r); ok {
+			mux.ServeHTTP(w, r)
+		}
+	})
+}
+
+// probes answers /healthz and /readyz from the relay's state, never from a query of their
+// own: a probe costs the database nothing, and says nothing of an error's text.
+type probes struct {
+	state func() outbox.RelayState
+	done  func() bool // Run returned
+}
+
+// probeJSON is a probe's answer.
+type probeJSON struct {
+	// Status is "ok", "starting", "unavailable" (the broker or the database) or "stopped".
+	Status                   string     `json:"status"`
+	BrokerUnavailableSince   *time.Time `json:"broker_unavailable_since,omitempty"`
+	DatabaseUnavailableSince *time.Time `json:"database_unavailable_since,omitempty"`
+}
+
+func (p probes) report() probeJSON {
+	st := p.state()
+	var out probeJSON
+	if t := st.BrokerUnavailableSince; !t.IsZero() {
+		t = t.UTC()
+		out.BrokerUnavailableSince = &t
+	}
+	if t := st.DatabaseUnavailableSince; !t.IsZero() {
+		t = t.UTC()
+		out.DatabaseUnavailableSince = &t
+	}
+	switch {
+	case p.done():
+		out.Status = "stopped"
+	case !st.Running:
+		out.Status = "starting"
+	case !st.Healthy():
+		out.Status = "unavailable"
+	default:
+		out.Status = "ok"
+	}
+	return out
+}
+
+// healthz is the liveness probe: 200 while the relay runs, even while its broker or
+// database is unavailable — restarting the process would not bring them back, and the
+// relay resumes by itself when they are.
+func (p probes) healthz(w http.ResponseWriter, r *http.Request) {
+	out := p.report()
+	code := http.StatusOK
+	if out.Status == "stopped" {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, out)
+}
+
+// readyz is the readiness probe: 200 only while the relay runs with its broker and its
+// database available, 503 otherwise.
+func (p probes) readyz(w http.ResponseWriter, r *http.Request) {
+	out := p.report()
+	code := http.StatusOK
+	if out.Status != "ok" {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, out)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
 }

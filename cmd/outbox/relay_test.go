@@ -92,7 +92,7 @@ func (d *daemon) stderr() string {
 	return d.logs.String()
 }
 
-var servingRe = regexp.MustCompile(`addr=http://(127\.0\.0\.1:\d+)`)
+var servingRe = regexp.MustCompile(`addr=https?://(127\.0\.0\.1:\d+)`)
 
 // addr waits for the daemon's health and metrics address.
 func (d *daemon) addr(t *testing.T) string {
@@ -123,13 +123,7 @@ func (d *daemon) stop(t *testing.T) int {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return request(t, nil, http.MethodGet, url, "", nil)
 }
 
 func randomName(prefix string) string {
@@ -183,9 +177,13 @@ func TestRelayDelivers(t *testing.T) {
 			}
 			d := startDaemon(t, b.env, args...)
 			addr := d.addr(t)
-			if code, body := get(t, "http://"+addr+"/healthz"); code != 200 || body != "ok\n" {
+			if code, body := get(t, "http://"+addr+"/healthz"); code != 200 || !strings.Contains(body, `"status":`) {
 				t.Fatalf("/healthz: %d %q", code, body)
 			}
+			outboxtest.WaitFor(t, deadline, "/readyz to say ok", func() bool {
+				code, body := get(t, "http://"+addr+"/readyz")
+				return code == 200 && body == `{"status":"ok"}`+"\n"
+			})
 
 			got := map[uuid.UUID]int{}
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)

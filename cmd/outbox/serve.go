@@ -6,7 +6,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"embed"
 	"encoding/hex"
 	"errors"
@@ -15,16 +14,17 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/internal/sqlstore"
 )
 
 //go:embed console
@@ -34,7 +34,8 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	fs := a.flags("serve", "[--listen ADDR] [--allow-actions] [flags]")
 	var f dbFlags
 	f.add(a, fs)
-	listen := fs.String("listen", "127.0.0.1:8080", "the address to serve on; loopback by default. Any other needs OUTBOX_CONSOLE_TOKEN or OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD")
+	lf := listenFlags{credentialsNamed: "OUTBOX_CONSOLE_TOKEN, or OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD"}
+	lf.add(fs, "127.0.0.1:8080", "the address to serve on")
 	allow := fs.Bool("allow-actions", false, "allow replaying and discarding dead letters; without it the console is read-only")
 	rest, err := parse(fs, args)
 	if err != nil {
@@ -43,94 +44,45 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if err := noArgs(rest); err != nil {
 		return err
 	}
-	auth := consoleAuth{token: a.getenv("OUTBOX_CONSOLE_TOKEN"), user: a.getenv("OUTBOX_CONSOLE_USER"), password: a.getenv("OUTBOX_CONSOLE_PASSWORD")}
-	if (auth.user == "") != (auth.password == "") {
-		return usagef("set both OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD, or neither")
-	}
-	a.stderr.add(auth.token, auth.password)
-	ln, err := net.Listen("tcp", *listen)
+	creds, err := a.readCredentials("OUTBOX_CONSOLE")
 	if err != nil {
-		return usagef("--listen %s: %v", *listen, err)
+		return err
+	}
+	ln, tlsConfig, err := lf.listen(creds)
+	if err != nil {
+		return err
 	}
 	defer ln.Close()
-	if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() && !auth.enabled() {
-		return usagef("--listen %s is not a loopback address: set OUTBOX_CONSOLE_TOKEN (bearer) or OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD (basic auth) first", *listen)
-	}
 	s, err := a.openMigrated(ctx, f)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	log := slog.New(slog.NewTextHandler(a.stderr, nil))
-	c, err := newConsole(a, s, *allow, auth, log)
+	g := newGuard(&lf, creds)
+	g.realm = "outbox"
+	c, err := newConsole(a, s, *allow, g, log)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute}
+	// WriteTimeout bounds a download of a large body as well as a page.
+	srv := serveHTTP(ln, tlsConfig, c, &http.Server{ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Minute}, log)
 	mode := "read-only"
 	if *allow {
 		mode = "replay and discard allowed"
 	}
-	log.Info("console serving", "addr", "http://"+ln.Addr().String(), "outbox", s.names.Outbox, "database", s.shown, "mode", mode, "auth", auth.describe())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	log.Info("console serving", "addr", srv.url, "outbox", s.names.Outbox, "database", s.shown, "mode", mode, "auth", creds.describe())
 	select {
-	case err := <-errc:
+	case err := <-srv.errc:
 		return err
 	case <-ctx.Done():
 	}
-	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil {
+	if err := srv.stop(ctx); err != nil {
 		return err
 	}
 	log.Info("console stopped")
 	return nil
 }
-
-// consoleAuth is the console's optional authentication, from the environment.
-type consoleAuth struct{ token, user, password string }
-
-func (c consoleAuth) enabled() bool { return c.token != "" || c.user != "" }
-
-func (c consoleAuth) describe() string {
-	switch {
-	case c.token != "" && c.user != "":
-		return "bearer token or basic"
-	case c.token != "":
-		return "bearer token"
-	case c.user != "":
-		return "basic"
-	}
-	return "none (loopback only)"
-}
-
-// allows reports whether r carries the configured credentials, compared in constant time.
-func (c consoleAuth) allows(r *http.Request) bool {
-	if !c.enabled() {
-		return true
-	}
-	if c.token != "" {
-		if got, ok := cutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equal(got, c.token) {
-			return true
-		}
-	}
-	if c.user != "" {
-		if u, p, ok := r.BasicAuth(); ok && equal(u, c.user) && equal(p, c.password) {
-			return true
-		}
-	}
-	return false
-}
-
-func cutPrefix(s, prefix string) (string, bool) {
-	if len(s) < len(prefix) || s[:len(prefix)] != prefix {
-		return "", false
-	}
-	return s[len(prefix):], true
-}
-
-func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
 
 // console is the web console: server-rendered pages, no JavaScript.
 type console struct {
@@ -138,8 +90,9 @@ type console struct {
 	s            *store
 	dead         deadletter.Table
 	allowActions bool
-	auth         consoleAuth
-	csrfKey      []byte
+	guard        *guard
+	crossOrigin  *http.CrossOriginProtection
+	key          []byte // signs CSRF tokens and action notices; new in every process
 	pages        map[string]*template.Template
 	log          *slog.Logger
 	mux          *http.ServeMux
@@ -147,10 +100,10 @@ type console struct {
 
 const csrfCookie = "outbox_csrf"
 
-func newConsole(a *app, s *store, allowActions bool, auth consoleAuth, log *slog.Logger) (*console, error) {
-	c := &console{a: a, s: s, dead: s.deadLetters(), allowActions: allowActions, auth: auth, log: log,
-		csrfKey: make([]byte, 32), pages: map[string]*template.Template{}, mux: http.NewServeMux()}
-	if _, err := rand.Read(c.csrfKey); err != nil {
+func newConsole(a *app, s *store, allowActions bool, g *guard, log *slog.Logger) (*console, error) {
+	c := &console{a: a, s: s, dead: s.deadLetters(), allowActions: allowActions, guard: g, log: log,
+		crossOrigin: http.NewCrossOriginProtection(), key: make([]byte, 32), pages: map[string]*template.Template{}, mux: http.NewServeMux()}
+	if _, err := rand.Read(c.key); err != nil {
 		return nil, err
 	}
 	funcs := template.FuncMap{
@@ -165,8 +118,11 @@ func newConsole(a *app, s *store, allowActions bool, auth consoleAuth, log *slog
 			}
 			return "-"
 		},
-		"cut":   cut,
-		"clean": clean, // control characters shown escaped, as on the terminal
+		"cut": cut,
+		// clean shows control and format characters escaped, as on the terminal; it takes
+		// the string types of the deadletter package too.
+		"clean": func(v any) string { return clean(fmt.Sprint(v)) },
+		"bytes": func(n int64) string { return count(n) },
 	}
 	for _, name := range []string{"status", "list", "entry", "message"} {
 		t, err := template.New(name).Funcs(funcs).ParseFS(consoleFiles, "console/layout.html", "console/"+name+".html")
@@ -182,14 +138,18 @@ func newConsole(a *app, s *store, allowActions bool, auth consoleAuth, log *slog
 	c.mux.HandleFunc("GET /{$}", c.statusPage)
 	c.mux.HandleFunc("GET /dead-letters", c.listPage)
 	c.mux.HandleFunc("GET /dead-letters/{id}", c.entryPage)
+	c.mux.HandleFunc("GET /dead-letters/{id}/{part}", c.download)
 	c.mux.HandleFunc("POST /dead-letters/{id}/{action}", c.act)
 	c.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	c.mux.Handle("GET /static/console.css", http.StripPrefix("/static/", http.FileServerFS(static)))
 	return c, nil
 }
 
-// ServeHTTP adds the security headers, checks credentials and refuses cross-origin writes
-// before any page runs.
+// callerKey is the context key of the authenticated caller's name.
+type callerKey struct{}
+
+// ServeHTTP adds the security headers, checks the host, the origin and the credentials,
+// and refuses cross-origin writes, before any page runs.
 func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -198,14 +158,13 @@ func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
-	if !c.auth.allows(r) {
-		if c.auth.user != "" {
-			h.Set("WWW-Authenticate", `Basic realm="outbox", charset="UTF-8"`)
-		}
-		http.Error(w, "authentication required", http.StatusUnauthorized)
+	h.Set("Cross-Origin-Resource-Policy", "same-origin")
+	who, ok := c.guard.admit(w, r)
+	if !ok {
 		return
 	}
-	http.NewCrossOriginProtection().Handler(c.mux).ServeHTTP(w, r)
+	r = r.WithContext(context.WithValue(r.Context(), callerKey{}, who))
+	c.crossOrigin.Handler(c.mux).ServeHTTP(w, r)
 }
 
 // page is what every template gets.
@@ -220,15 +179,18 @@ type page struct {
 
 	Filter                  filterForm
 	Stages, Kinds, Statuses []string
-	Entries                 []deadletter.Entry
+	Entries                 []sqlstore.DeadLetterSummary
 	NextPage, FirstPage     string
 
-	Entry                       *deadletter.Entry
+	Entry                       *sqlstore.DeadLetterPreview
 	EventID                     string
 	Headers                     []header
 	Payload, RawFields, RawBody string
-	CanAct, Replayable          bool
-	NotReplayable, CSRF         string
+	// BodyCut and RawCut say the page shows the start of the body or of the raw evidence:
+	// the whole is a download of its own.
+	BodyCut, RawCut     bool
+	CanAct, Replayable  bool
+	NotReplayable, CSRF string
 }
 
 type header struct{ Name, Value string }
@@ -253,7 +215,7 @@ func (c *console) render(w http.ResponseWriter, status int, name string, p *page
 // fail answers a page whose data could not be read: the error, redacted, on the page.
 func (c *console) fail(w http.ResponseWriter, status int, err error) {
 	p := c.newPage(http.StatusText(status), "message")
-	p.Error = c.a.stderr.redact(err.Error())
+	p.Error = cleanBlock(c.a.stderr.redact(err.Error()))
 	c.render(w, status, "message", p)
 }
 
@@ -352,7 +314,8 @@ func (c *console) listPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	flt.AfterID, flt.Limit = p.Filter.After, p.Filter.Limit
-	if p.Entries, err = c.dead.List(r.Context(), flt); err != nil {
+	// Summaries: a list never reads a body, headers or raw evidence.
+	if p.Entries, err = sqlstore.DeadLetterSummaries(r.Context(), c.s.dialect, c.s.q, c.s.names, flt); err != nil {
 		c.fail(w, http.StatusInternalServerError, err)
 		return
 	}
@@ -366,10 +329,10 @@ func (c *console) listPage(w http.ResponseWriter, r *http.Request) {
 func (c *console) entryPage(w http.ResponseWriter, r *http.Request) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
-		c.fail(w, http.StatusNotFound, fmt.Errorf("%q is not a dead letter ID", r.PathValue("id")))
+		c.fail(w, http.StatusNotFound, fmt.Errorf("%q is not a dead letter ID", cut(r.PathValue("id"), 40)))
 		return
 	}
-	e, err := c.dead.Get(r.Context(), id)
+	e, err := sqlstore.PreviewDeadLetter(r.Context(), c.s.dialect, c.s.q, c.s.names, id, previewBytes)
 	switch {
 	case errors.Is(err, deadletter.ErrNotFound):
 		c.fail(w, http.StatusNotFound, err)
@@ -379,33 +342,40 @@ func (c *console) entryPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := c.entry(w, r, e)
-	switch r.URL.Query().Get("done") {
-	case "replay":
+	// A notice only for an action this process did, for this browser, and that the entry
+	// shows: a link with ?done=replay alone proves nothing.
+	q := r.URL.Query()
+	switch done := q.Get("done"); {
+	case !c.validNotice(r, id, done, q.Get("sig")):
+	case done == "replay" && e.Status == deadletter.StatusReplayed:
 		p.Flash = "Replayed: the event is back in the outbox, and the relay delivers it again with the same ID."
-	case "discard":
+	case done == "discard" && e.Status == deadletter.StatusDiscarded:
 		p.Flash = "Discarded: the entry is kept for audit."
 	}
 	c.render(w, http.StatusOK, "entry", p)
 }
 
 // entry fills the detail page of e, with a CSRF token when actions are allowed.
-func (c *console) entry(w http.ResponseWriter, r *http.Request, e deadletter.Entry) *page {
+func (c *console) entry(w http.ResponseWriter, r *http.Request, e sqlstore.DeadLetterPreview) *page {
 	p := c.newPage(fmt.Sprintf("Dead letter %d", e.ID), "entry")
 	p.Entry = &e
 	if e.Message.ID != uuid.Nil {
 		p.EventID = e.Message.ID.String()
 	}
 	for _, k := range slices.Sorted(maps.Keys(e.Message.Headers)) {
-		p.Headers = append(p.Headers, header{k, e.Message.Headers[k]})
+		p.Headers = append(p.Headers, header{clean(k), clean(e.Message.Headers[k])})
 	}
+	p.BodyCut = e.BodyBytes > int64(len(e.Message.Body))
 	p.Payload = payloadText(e.Message.Body)
 	if e.Raw != nil {
-		raw, _ := e.Raw.MarshalText()
-		head, _, _ := bytes.Cut(raw, []byte("\n\n"))
-		p.RawFields = string(head)
+		fields := *e.Raw
+		fields.Body = nil
+		head, _ := fields.MarshalText()
+		p.RawFields = cleanBlock(strings.TrimSuffix(string(head), "\n"))
 		if len(e.Raw.Body) > 0 {
 			p.RawBody = rawBytes(e.Raw.Body)
 		}
+		p.RawCut = e.RawCut
 	}
 	p.CanAct = c.allowActions && e.Status == deadletter.StatusPending
 	p.Replayable = e.Kind != deadletter.KindMalformed && e.Kind != deadletter.KindUnreadableRow && e.Message.ID != uuid.Nil
@@ -416,6 +386,31 @@ func (c *console) entry(w http.ResponseWriter, r *http.Request, e deadletter.Ent
 		p.CSRF = c.csrfToken(w, r)
 	}
 	return p
+}
+
+// download sends an entry's body ("body") or its raw evidence ("raw") whole, a chunk at a
+// time: the console never holds more than one chunk of it.
+func (c *console) download(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	part := r.PathValue("part")
+	if err != nil || id <= 0 || part != "body" && part != "raw" {
+		c.fail(w, http.StatusNotFound, errors.New("no such page"))
+		return
+	}
+	found, err := c.s.copyBytes(r.Context(), w, id, part, func(total int64) {
+		h := w.Header()
+		h.Set("Content-Type", "application/octet-stream")
+		h.Set("Content-Length", strconv.FormatInt(total, 10))
+		h.Set("Content-Disposition", fmt.Sprintf(`attachment; filename="dead-letter-%d-%s.bin"`, id, part))
+	})
+	switch {
+	case err != nil && !found:
+		c.fail(w, http.StatusInternalServerError, err)
+	case err != nil:
+		c.log.Warn("a download stopped", "id", id, "part", part, "err", c.a.stderr.hide(err))
+	case !found:
+		c.fail(w, http.StatusNotFound, fmt.Errorf("dead letter %d has no %s", id, map[string]string{"body": "body", "raw": "raw evidence"}[part]))
+	}
 }
 
 // csrfToken returns the form token of the browser's CSRF cookie, setting a new cookie
@@ -430,14 +425,18 @@ func (c *console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 		b := make([]byte, 32)
 		_, _ = rand.Read(b)
 		value = hex.EncodeToString(b)
-		http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: value, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: value, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	}
-	return c.sign(value)
+	return c.sign("csrf", value)
 }
 
-func (c *console) sign(value string) string {
-	m := hmac.New(sha256.New, c.csrfKey)
-	m.Write([]byte(value))
+// sign is an HMAC of parts under the process's key.
+func (c *console) sign(parts ...string) string {
+	m := hmac.New(sha256.New, c.key)
+	for _, p := range parts {
+		m.Write([]byte(p))
+		m.Write([]byte{0})
+	}
 	return hex.EncodeToString(m.Sum(nil))
 }
 
@@ -447,7 +446,24 @@ func (c *console) validCSRF(r *http.Request) bool {
 	if err != nil || cookie.Value == "" {
 		return false
 	}
-	return hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(c.sign(cookie.Value)))
+	return hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(c.sign("csrf", cookie.Value)))
+}
+
+// notice signs the redirect after an action: it names the action, the entry and the
+// browser (its CSRF cookie).
+func (c *console) notice(r *http.Request, id int64, action string) string {
+	cookie, _ := r.Cookie(csrfCookie)
+	return c.sign("done", action, strconv.FormatInt(id, 10), cookie.Value)
+}
+
+func (c *console) validNotice(r *http.Request, id int64, action, sig string) bool {
+	if action == "" || sig == "" {
+		return false
+	}
+	if cookie, err := r.Cookie(csrfCookie); err != nil || cookie.Value == "" {
+		return false
+	}
+	return hmac.Equal([]byte(sig), []byte(c.notice(r, id, action)))
 }
 
 // act replays or discards one entry, then redirects to it (post/redirect/get).
@@ -463,7 +479,7 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
-		c.fail(w, http.StatusNotFound, fmt.Errorf("%q is not a dead letter ID", r.PathValue("id")))
+		c.fail(w, http.StatusNotFound, fmt.Errorf("%q is not a dead letter ID", cut(r.PathValue("id"), 40)))
 		return
 	}
 	action := r.PathValue("action")
@@ -474,28 +490,30 @@ func (c *console) act(w http.ResponseWriter, r *http.Request) {
 	case "discard":
 		do = c.dead.Discard
 	default:
-		c.fail(w, http.StatusNotFound, fmt.Errorf("no action %q", action))
+		c.fail(w, http.StatusNotFound, fmt.Errorf("no action %q", cut(action, 40)))
 		return
 	}
 	err = do(r.Context(), id)
+	// The audit names who the credentials say, never what a request merely claims (a
+	// basic-auth header sent to a console without credentials proves nothing).
 	who := r.RemoteAddr
-	if u, _, ok := r.BasicAuth(); ok {
-		who = u + " from " + who
+	if caller, _ := r.Context().Value(callerKey{}).(string); caller != "" {
+		who = caller + " from " + who
 	}
 	switch {
 	case err == nil:
 		c.log.Info("dead letter "+action+"ed", "id", id, "by", who)
-		http.Redirect(w, r, fmt.Sprintf("/dead-letters/%d?done=%s", id, action), http.StatusSeeOther)
+		http.Redirect(w, r, fmt.Sprintf("/dead-letters/%d?done=%s&sig=%s", id, action, c.notice(r, id, action)), http.StatusSeeOther)
 	case errors.Is(err, deadletter.ErrNotFound):
 		c.fail(w, http.StatusNotFound, err)
 	case errors.Is(err, deadletter.ErrNotPending), errors.Is(err, deadletter.ErrNotReplayable):
-		e, gerr := c.dead.Get(r.Context(), id)
+		e, gerr := sqlstore.PreviewDeadLetter(r.Context(), c.s.dialect, c.s.q, c.s.names, id, previewBytes)
 		if gerr != nil {
 			c.fail(w, http.StatusConflict, err)
 			return
 		}
 		p := c.entry(w, r, e)
-		p.Error = c.a.stderr.redact(err.Error())
+		p.Error = cleanBlock(c.a.stderr.redact(err.Error()))
 		c.render(w, http.StatusConflict, "entry", p)
 	default:
 		c.fail(w, http.StatusInternalServerError, err)

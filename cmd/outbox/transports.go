@@ -48,12 +48,12 @@ type transport struct {
 // openTransport connects to the broker raw names, routing event types by routes (type →
 // queue, subject, topic or routing key). Secrets in raw are recorded with r.
 func (a *app) openTransport(ctx context.Context, raw string, routes map[string]string, log *slog.Logger) (*transport, error) {
-	u, err := url.Parse(raw)
+	a.stderr.addAny(raw)
+	u, err := parseURL(raw)
 	if err != nil {
-		return nil, usagef("--transport: %v", a.stderr.hideURLError(raw, err))
+		return nil, usagef("--transport: %v", err)
 	}
-	a.stderr.addURL(u)
-	shown := redactURL(u)
+	shown := a.stderr.redact(redactURL(u))
 	q := u.Query()
 	param := func(name string) string { v := q.Get(name); q.Del(name); return v }
 	none := func() error { return nil }
