@@ -151,7 +151,7 @@ func PreviewDeadLetter(ctx context.Context, d Dialect, q Querier, n *Names, id i
 	query := "SELECT id, " + v.eventID + ", " + text("event_type") + ", " + text("event_key") + ", " + text(v.headers) + ", " +
 		text("content_type") + ", " + bin("body") + ", created_at, stage, kind, " + text("consumer") + ", " + text("reason") +
 		", attempts, first_failed_at, last_failed_at, status, " + v.changed + ", " + text("broker_message_id") + ", " + bin("raw") +
-		" FROM " + n.DeadLetters + " WHERE id = ?"
+		", COALESCE(held_seq, 0) FROM " + n.DeadLetters + " WHERE id = ?"
 	rows, err := q.Query(ctx, d.ops().rebind(query), id)
 	if err != nil {
 		return p, fmt.Errorf("reading dead letter %d of %s: %w", id, n.Outbox, err)
