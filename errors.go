@@ -96,12 +96,6 @@ func IsUnavailable(err error) bool {
 var connErrnos = []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED,
 	syscall.EPIPE, syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ENETDOWN}
 
-// sendTimedOut reports whether err is ctx's deadline: a send that the broker did not answer
-// within its SendTimeout.
-func sendTimedOut(ctx context.Context, err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) && errors.Is(ctx.Err(), context.DeadlineExceeded)
-}
-
 // EncodeError reports a payload its codec could not encode.
 type EncodeError struct {
 	// ID is the event's ID.

@@ -2,14 +2,12 @@ package consumer
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/internal/telemetry"
+	avail "github.com/txoutbox/outbox/internal/availability"
 )
 
 // State is what a [Consumer] knows of itself: whether it runs, and since when what its
@@ -36,9 +34,7 @@ func (s State) Healthy() bool { return s.Running && s.UnavailableSince.IsZero() 
 // State returns the consumer's state now.
 func (c *Consumer) State() State {
 	s := State{Running: c.isRunning.Load()}
-	c.avail.mu.Lock()
-	s.UnavailableSince, s.Err = c.avail.since, c.avail.err
-	c.avail.mu.Unlock()
+	s.UnavailableSince, s.Err = c.avail.Status()
 	return s
 }
 
@@ -53,151 +49,48 @@ func (c *Consumer) stateChanged(ctx context.Context) {
 // the memory starts again (a message then loses its discount, see discount).
 const maxOutageCounts = 1 << 16
 
-// availability follows whether the consumer's dependencies answer. Any delivery reports
-// how it ended: a failure marked unavailable pauses the consumer (Run stops receiving),
-// a success resumes it. While paused, Run receives one message per backoff as a probe;
-// the backoff grows with each probe that fails the same way.
+// availability follows whether the consumer's dependencies answer (an
+// availability.Gate), and remembers which messages failed for unavailability: any delivery
+// reports how it ended, a failure marked unavailable pauses the consumer (Run stops
+// receiving), a success resumes it. While paused, Run receives one message per backoff as a
+// probe.
 type availability struct {
-	c *Consumer
+	*avail.Gate
 
-	mu       sync.Mutex
-	since    time.Time     // zero: available
-	err      error         // the latest failure while unavailable
-	failures int           // consecutive failed probes, for the backoff
-	probeAt  time.Time     // when the next probe may start
-	probing  bool          // a probe's delivery is being handled
-	back     chan struct{} // closed when available again
-	outage   map[uuid.UUID]int
-	log      telemetry.LogLimiter // probes still failing: one line a minute
-	turns    telemetry.LogLimiter // pauses and resumptions: a few a minute, should they flap
+	mu     sync.Mutex
+	outage map[uuid.UUID]int // deliveries of a message that failed for unavailability
 }
 
 func (a *availability) init(c *Consumer) {
-	a.c = c
-	a.log = telemetry.LogLimiter{Burst: 1, Window: time.Minute}
-	a.turns = telemetry.LogLimiter{Burst: 4, Window: time.Minute}
+	a.Gate = &avail.Gate{
+		Backoff: c.cfg.UnavailableBackoff, MaxBackoff: c.cfg.MaxUnavailableBackoff,
+		Log: c.obs.log, Prefix: "consumer: a dependency is",
+		Down:     "unavailable; pausing receives (no attempts are counted, nothing is dead-lettered), probing with one message",
+		OnChange: c.stateChanged,
+	}
+	a.Gate.Init()
 	a.outage = map[uuid.UUID]int{}
 }
 
-// admit says whether Run may receive now: at once while available; while unavailable,
-// once the backoff has passed and no probe is in flight (probe is then true: receive one
-// message, and mark it as the probe). Otherwise it returns how long to wait at most before
-// asking again, and a channel closed if the consumer resumes meanwhile.
-func (a *availability) admit() (proceed, probe bool, wait time.Duration, back <-chan struct{}) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.since.IsZero() {
-		return true, false, 0, nil
-	}
-	now := time.Now()
-	if !a.probing && !now.Before(a.probeAt) {
-		a.probing = true
-		return true, true, 0, nil
-	}
-	wait = a.probeAt.Sub(now)
-	if a.probing {
-		// The probe may wait behind its key; should it never report, the next backoff
-		// sends another.
-		wait = max(wait, a.c.cfg.UnavailableBackoff)
-	}
-	return false, false, wait, a.back
-}
-
-// delay is how long to nack a delivery that failed for unavailability: until about the
-// next probe.
-func (a *availability) delay() time.Duration {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return outbox.Backoff(max(a.failures, 1), a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff)
-}
-
 // failed records that a delivery of message id (probe: the probe) failed with err, an
-// unavailability: the consumer pauses if it was not paused, and the next probe comes after
-// a backoff that grows with each failed probe.
+// unavailability: the consumer pauses if it was not paused.
 func (a *availability) failed(ctx context.Context, id uuid.UUID, probe bool, err error) {
-	a.mu.Lock()
 	if id != uuid.Nil {
+		a.mu.Lock()
 		if len(a.outage) >= maxOutageCounts {
 			clear(a.outage)
 		}
 		a.outage[id]++
+		a.mu.Unlock()
 	}
-	now := time.Now()
-	changed := a.since.IsZero()
-	if changed {
-		a.since, a.failures, a.back = now, 0, make(chan struct{})
-	}
-	a.err = err
-	if changed || probe {
-		a.failures++
-		a.probeAt = now.Add(outbox.Backoff(a.failures, a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff))
-	}
-	if probe {
-		a.probing = false
-	}
-	since, next := a.since, a.probeAt.Sub(now)
-	a.mu.Unlock()
-	log := a.c.obs.log
-	switch {
-	case changed:
-		if ok, suppressed := a.turns.Allow(); ok {
-			attrs := []slog.Attr{slog.Duration("next_probe_in", next.Round(time.Millisecond)), slog.Any("err", err)}
-			if suppressed > 0 {
-				attrs = append(attrs, slog.Int("not_logged", suppressed))
-			}
-			log.LogAttrs(ctx, slog.LevelError, "consumer: a dependency is unavailable; pausing receives (no attempts are counted, nothing is dead-lettered), probing with one message", attrs...)
-		}
-		a.c.stateChanged(ctx)
-	case probe:
-		if ok, suppressed := a.log.Allow(); ok {
-			attrs := []slog.Attr{slog.Duration("unavailable_for", now.Sub(since).Round(time.Second)),
-				slog.Duration("next_probe_in", next.Round(time.Millisecond)), slog.Any("err", err)}
-			if suppressed > 0 {
-				attrs = append(attrs, slog.Int("probes_not_logged", suppressed))
-			}
-			log.LogAttrs(ctx, slog.LevelWarn, "consumer: still unavailable", attrs...)
-		}
-	}
+	a.Failed(ctx, probe, err)
 }
 
 // ok records that a delivery of message id (probe: the probe) succeeded: what the
 // consumer depends on answers, and it resumes if it was paused.
 func (a *availability) ok(ctx context.Context, id uuid.UUID, probe bool) {
-	a.mu.Lock()
-	if probe {
-		a.probing = false
-	}
-	if len(a.outage) > 0 {
-		delete(a.outage, id)
-	}
-	if a.since.IsZero() {
-		a.mu.Unlock()
-		return
-	}
-	since := a.since
-	a.since, a.err, a.failures = time.Time{}, nil, 0
-	close(a.back)
-	a.mu.Unlock()
-	if ok, _ := a.turns.Allow(); ok {
-		a.c.obs.log.LogAttrs(ctx, slog.LevelWarn, "consumer: available again; receiving",
-			slog.Duration("unavailable_for", time.Since(since).Round(time.Millisecond)))
-	}
-	a.c.stateChanged(ctx)
-}
-
-// inconclusive records that a delivery (probe: the probe) ended in a way that says nothing
-// of the outage (its handler failed for a reason of its own, or shutdown interrupted it):
-// a probe is then sent again after the same backoff.
-func (a *availability) inconclusive(probe bool) {
-	if !probe {
-		return
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.probing = false
-	if !a.since.IsZero() {
-		a.probeAt = time.Now().Add(outbox.Backoff(max(a.failures, 1), a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff))
-	}
+	a.forget(id)
+	a.OK(ctx, probe)
 }
 
 // discount returns attempt less the deliveries of message id that this process saw fail
@@ -217,23 +110,4 @@ func (a *availability) forget(id uuid.UUID) {
 		delete(a.outage, id)
 	}
 	a.mu.Unlock()
-}
-
-// wait blocks until Run may receive (probe: as the probe) or ctx ends (ok false).
-func (a *availability) wait(ctx context.Context) (probe, ok bool) {
-	for {
-		proceed, probe, wait, back := a.admit()
-		if proceed {
-			return probe, true
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false, false
-		case <-back:
-		case <-t.C:
-		}
-		t.Stop()
-	}
 }

@@ -46,7 +46,7 @@
 // # Keys after a dead letter
 //
 // On a transport that delivers a key's messages in order (SQS FIFO, a JetStream consumer
-// with MaxAckPending 1, Kafka, a single-active-consumer RabbitMQ queue, outboxmem with
+// with MaxAckPending 1, Kafka, a single-active-consumer RabbitMQ queue, outboxmemory with
 // FIFO), the consumer handles a key's messages one at a time, in order. A dead letter
 // acknowledges its message, and by default the key's next message is then handled: the
 // key skips past the dead letter, and replaying it later handles it after the events that
@@ -59,7 +59,7 @@
 // ahead of it (see deadletter.KeyHolds for the exact rule). Discarding the entry that holds
 // the key releases it for the events that follow. The cost is one indexed query of the
 // dead-letter table per keyed delivery; the relay's dead letters (stage relay) are held by
-// the relay itself (outbox.RelayConfig.KeyPolicy). Unlike the relay, which keeps a held
+// the relay itself (relay.Config.KeyPolicy). Unlike the relay, which keeps a held
 // key's events in the outbox, the consumer cannot leave them in the broker (they would
 // block the key's queue, or the whole consumer, until someone acted), so HoldKeys is not
 // the default.
@@ -80,6 +80,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/internal/backoff"
 	"github.com/txoutbox/outbox/internal/telemetry"
 )
 
@@ -133,8 +134,8 @@ type Config struct {
 	// concerns (a tenant in the context, a timeout, extra logging). See [Middleware].
 	Middleware []Middleware
 	// OnDeadLetter, when set, is called once for each dead letter the consumer writes, after
-	// it is stored: to page someone without polling the table. See [outbox.DeadLettered].
-	OnDeadLetter func(ctx context.Context, d outbox.DeadLettered)
+	// it is stored: to page someone without polling the table. See [deadletter.Notice].
+	OnDeadLetter func(ctx context.Context, d deadletter.Notice)
 
 	// UnavailableBackoff is how long the consumer pauses once a delivery fails for reasons
 	// of what it depends on rather than of the message: a handler error that
@@ -387,7 +388,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
 		// While a dependency is unavailable, receive only a probe now and then.
-		probe, ok := c.avail.wait(ctx)
+		probe, ok := c.avail.Wait(ctx)
 		if !ok {
 			continue
 		}
@@ -396,7 +397,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
 			if probe {
-				c.avail.inconclusive(true)
+				c.avail.Inconclusive(true)
 			}
 			continue
 		}
@@ -415,14 +416,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 			<-slots
 		}
 		if probe && (err != nil || len(ds) == 0) {
-			c.avail.inconclusive(true) // nothing to probe with: try again after the backoff
+			c.avail.Inconclusive(true) // nothing to probe with: try again after the backoff
 		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			failures++
-			wait := outbox.Backoff(failures, 100*time.Millisecond, 10*time.Second)
+			wait := backoff.Delay(failures, 100*time.Millisecond, 10*time.Second)
 			c.obs.log.ErrorContext(ctx, "consumer: receive failed", "err", err, "retry_in", wait)
 			select {
 			case <-ctx.Done():
@@ -575,7 +576,7 @@ func (c *Consumer) handle(ctx context.Context, r received) {
 	switch {
 	case ctx.Err() != nil:
 		// Shutting down: leave the message to its visibility timeout, unacknowledged.
-		c.avail.inconclusive(r.probe)
+		c.avail.Inconclusive(r.probe)
 		c.obs.log.LogAttrs(ctx, slog.LevelInfo, "consumer: handler interrupted by shutdown", eventAttrs(m, attempt)...)
 	case outbox.IsUnavailable(err):
 		// Not the message's fault: whatever its attempt count, it waits for the outage
@@ -591,10 +592,10 @@ func (c *Consumer) handle(ctx context.Context, r received) {
 		c.deadLetter(ctx, r, deadletter.Entry{Message: m, Kind: deadletter.KindGaveUp,
 			Reason: fmt.Sprintf("gave up after %d attempts: %v", attempt, err)}, attempt, dest)
 	default:
-		c.avail.inconclusive(r.probe)
+		c.avail.Inconclusive(r.probe)
 		delay, ok := outbox.RetryDelay(err)
 		if !ok {
-			delay = outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
+			delay = backoff.Delay(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
 		}
 		c.obs.settled(ctx, m, dest, telemetry.Failed)
 		c.obs.retrying(ctx, m, attempt, delay, err)
@@ -611,7 +612,7 @@ func (c *Consumer) unavailable(ctx context.Context, r received, dest string, err
 	c.avail.failed(ctx, r.m.ID, r.probe, err)
 	delay, ok := outbox.RetryDelay(err)
 	if !ok {
-		delay = c.avail.delay()
+		delay = c.avail.Delay()
 	}
 	c.obs.settled(ctx, r.m, dest, telemetry.Unavailable)
 	if err := c.nack(ctx, r.d, delay); err != nil {

@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/internal/backoff"
 	"github.com/txoutbox/outbox/internal/telemetry"
 )
 
@@ -55,15 +55,15 @@ func (c *Consumer) unknownType(ctx context.Context, r received, attempt int, des
 	other.Type = telemetry.OtherType // bounded metric cardinality, whatever arrives
 	switch c.cfg.UnknownTypes {
 	case AcknowledgeUnknownTypes:
-		c.avail.inconclusive(r.probe)
+		c.avail.Inconclusive(r.probe)
 		c.obs.settled(ctx, other, dest, telemetry.Ignored)
 		c.obs.log.LogAttrs(ctx, slog.LevelDebug, "consumer: no handler for the event type; acknowledged", eventAttrs(m, attempt)...)
 		if err := c.ack(ctx, r.d); err != nil {
 			c.obs.logFailure(ctx, "consumer: ack of a message of an unknown type failed", m, attempt, err)
 		}
 	case RetryUnknownTypes:
-		c.avail.inconclusive(r.probe)
-		delay := outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
+		c.avail.Inconclusive(r.probe)
+		delay := backoff.Delay(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
 		c.obs.settled(ctx, other, dest, telemetry.NoHandler)
 		c.obs.logFailure(ctx, "consumer: no handler for the event type; will retry until one is registered (UnknownTypes is RetryUnknownTypes)",
 			m, attempt, fmt.Errorf("retry in %v", delay.Round(time.Millisecond)))
@@ -85,7 +85,7 @@ func (c *Consumer) holdKey(ctx context.Context, r received, attempt int, dest st
 	id, err := c.cfg.DeadLetters.(deadletter.KeyHolds).HeldBy(ctx, c.cfg.Name, m.Key, m.ID, m.CreatedAt)
 	switch {
 	case err != nil && ctx.Err() != nil:
-		c.avail.inconclusive(r.probe)
+		c.avail.Inconclusive(r.probe)
 		return true // shutting down: left to redelivery
 	case err != nil:
 		c.unavailable(ctx, r, dest, fmt.Errorf("consumer: looking up whether key %q is held: %w", m.Key, err))

@@ -81,9 +81,9 @@ func TestOnDeadLetterOncePerDeadLetter(t *testing.T) {
 	t.Parallel()
 	var (
 		mu     sync.Mutex
-		hooked []outbox.DeadLettered
+		hooked []deadletter.Notice
 	)
-	h := newHarness(t, nil, consumer.Config{MaxAttempts: 2, OnDeadLetter: func(_ context.Context, d outbox.DeadLettered) {
+	h := newHarness(t, nil, consumer.Config{MaxAttempts: 2, OnDeadLetter: func(_ context.Context, d deadletter.Notice) {
 		mu.Lock()
 		defer mu.Unlock()
 		hooked = append(hooked, d)
@@ -100,7 +100,7 @@ func TestOnDeadLetterOncePerDeadLetter(t *testing.T) {
 	h.stop()
 	mu.Lock()
 	defer mu.Unlock()
-	kinds := map[string]int{}
+	kinds := map[deadletter.Kind]int{}
 	for _, d := range hooked {
 		kinds[d.Kind]++
 		if d.Stage != "consumer" || d.Consumer != "test" || d.Reason == "" {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/relay"
 )
 
 // OutageFixture is a destination on a broker that the Outage subtests of
@@ -212,7 +213,7 @@ func relayWaitsOutTheOutage(t *testing.T, o *OutageFixture) {
 	sw := newOutageSwitch(t, o)
 	p := o.Pipeline(t)
 	ctx := context.Background()
-	relay, err := outbox.NewRelay(p.Store, p.Sender, &outbox.RelayConfig{
+	relay, err := relay.New(p.Store, p.Sender, &relay.Config{
 		Name: "outage", MaxAttempts: maxAttempts, RetryBackoff: backoff, MaxRetryBackoff: backoff,
 		UnavailableBackoff: 50 * time.Millisecond, MaxUnavailableBackoff: 500 * time.Millisecond,
 		Lease: 6 * time.Second, SendTimeout: 2 * time.Second, MinPollInterval: 10 * time.Millisecond,

@@ -26,6 +26,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/internal/sqlstore"
+	"github.com/txoutbox/outbox/outboxdriver"
 )
 
 // Outbox is an outbox at configured table names, in whichever dialect the *gorm.DB speaks.
@@ -81,7 +82,7 @@ func MigrateTx(tx *gorm.DB) error { return defaultOutbox.MigrateTx(tx) }
 func Validate(db *gorm.DB) error { return defaultOutbox.Validate(db) }
 
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db *gorm.DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
+func NewStore(db *gorm.DB) (outboxdriver.Store, error) { return defaultOutbox.NewStore(db) }
 
 // Publish writes events inside tx, the *gorm.DB of a db.Transaction callback or of Begin;
 // they become visible to the relay when tx commits and vanish if it rolls back. The context
@@ -90,7 +91,7 @@ func NewStore(db *gorm.DB) (outbox.Store, error) { return defaultOutbox.NewStore
 // nil tx fails with [outbox.ErrNotInTransaction], and so does a tx outside a transaction
 // unless the outbox was built with [AllowNoTx].
 func (o *Outbox) Publish(tx *gorm.DB, events ...outbox.Encodable) error {
-	if tx == nil || tx.Statement == nil || sqlstore.IsNil(tx.Statement.ConnPool) {
+	if tx == nil || tx.Statement == nil || outboxdriver.IsNil(tx.Statement.ConnPool) {
 		return fmt.Errorf("outboxgorm: %w: got a nil *gorm.DB", outbox.ErrNotInTransaction)
 	}
 	d, n, err := o.dialect(tx)
@@ -169,7 +170,7 @@ func (o *Outbox) Validate(db *gorm.DB) error {
 
 // NewStore returns the relay's store for this outbox over db's connection pool. It fails
 // when db is inside a transaction or has no *sql.DB under it.
-func (o *Outbox) NewStore(db *gorm.DB) (outbox.Store, error) {
+func (o *Outbox) NewStore(db *gorm.DB) (outboxdriver.Store, error) {
 	d, n, err := o.dialect(db)
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/internal/sqlstore"
+	"github.com/txoutbox/outbox/outboxdriver"
 )
 
 // Tx is what Publish writes through: a pgx.Tx, or anything with the same methods. A pool or
@@ -67,7 +68,7 @@ func Migrate(ctx context.Context, db DB) error { return defaultOutbox.Migrate(ct
 func MigrateTx(ctx context.Context, tx pgx.Tx) error { return defaultOutbox.MigrateTx(ctx, tx) }
 
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
+func NewStore(db DB) (outboxdriver.Store, error) { return defaultOutbox.NewStore(db) }
 
 // Validate checks the default outbox's tables. See [Outbox.Validate].
 func Validate(ctx context.Context, db DB) error { return defaultOutbox.Validate(ctx, db) }
@@ -82,10 +83,10 @@ const copyThreshold = 32
 // [outbox.Message] (outbox.ErrInvalidEvent). A nil tx, typed or not, fails with
 // outbox.ErrNotInTransaction. One event costs one round trip.
 func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable) error {
-	if sqlstore.IsNil(tx) {
+	if outboxdriver.IsNil(tx) {
 		return fmt.Errorf("outboxpgx: %w: got a nil %T", outbox.ErrNotInTransaction, tx)
 	}
-	msgs, err := sqlstore.Encode(ctx, events)
+	msgs, err := outboxdriver.Encode(ctx, events)
 	if err != nil || len(msgs) == 0 {
 		return err
 	}
@@ -153,7 +154,7 @@ func (o *Outbox) Validate(ctx context.Context, db DB) error {
 }
 
 // NewStore returns the relay's store for this outbox over db (normally a *pgxpool.Pool).
-func (o *Outbox) NewStore(db DB) (outbox.Store, error) {
+func (o *Outbox) NewStore(db DB) (outboxdriver.Store, error) {
 	if db == nil {
 		return nil, errors.New("outboxpgx: NewStore needs a database (a *pgxpool.Pool), got nil")
 	}

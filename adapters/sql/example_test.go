@@ -16,7 +16,8 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/idempotency"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	"github.com/txoutbox/outbox/relay"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // FileUploaded is an event payload.
@@ -70,8 +71,8 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	queue := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(store, queue, nil)
+	queue := outboxmemory.New(nil)
+	relay, err := relay.New(store, queue, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

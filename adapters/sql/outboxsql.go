@@ -26,6 +26,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/internal/sqlstore"
+	"github.com/txoutbox/outbox/outboxdriver"
 )
 
 // Dialect is the SQL dialect of a database: [Postgres], [MySQL] or [SQLite].
@@ -163,7 +164,7 @@ func Validate(ctx context.Context, d Dialect, db *sql.DB) error {
 }
 
 // NewStore returns the relay store of dialect d's default outbox. See [Outbox.NewStore].
-func NewStore(d Dialect, db *sql.DB) (outbox.Store, error) {
+func NewStore(d Dialect, db *sql.DB) (outboxdriver.Store, error) {
 	o, err := defaultOutbox(d)
 	if err != nil {
 		return nil, err
@@ -177,7 +178,7 @@ func NewStore(d Dialect, db *sql.DB) (outbox.Store, error) {
 // [outbox.Message] (outbox.ErrInvalidEvent). A nil tx, typed or not, fails with
 // outbox.ErrNotInTransaction. Up to 1000 events cost one statement.
 func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable) error {
-	if sqlstore.IsNil(tx) {
+	if outboxdriver.IsNil(tx) {
 		return fmt.Errorf("outboxsql: %w: got a nil %T", outbox.ErrNotInTransaction, tx)
 	}
 	if err := sqlstore.Publish(ctx, o.d, sqlstore.StdQuerier(tx), o.names, events); err != nil {
@@ -217,7 +218,7 @@ func (o *Outbox) MigrateTx(ctx context.Context, tx *sql.Tx) error {
 }
 
 // NewStore returns the relay's store for this outbox over db.
-func (o *Outbox) NewStore(db *sql.DB) (outbox.Store, error) {
+func (o *Outbox) NewStore(db *sql.DB) (outboxdriver.Store, error) {
 	if db == nil {
 		return nil, errors.New("outboxsql: NewStore needs a *sql.DB, got nil")
 	}

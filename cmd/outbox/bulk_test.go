@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
+	"github.com/txoutbox/outbox/relay"
 )
 
 // bulkEventID is the event ID of the n-th dead letter seedBulk writes.
@@ -97,7 +98,7 @@ func TestReplay10000(t *testing.T) {
 			t.Fatal(err)
 		}
 		sender := &countingSender{sent: map[uuid.UUID]int{}}
-		relay, err := outbox.NewRelay(store, sender, &outbox.RelayConfig{BatchSize: 1000})
+		relay, err := relay.New(store, sender, &relay.Config{BatchSize: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 )
 
@@ -36,9 +37,10 @@ type legendItem struct {
 }
 
 // kindColors gives each kind a color (a colorblind-aware palette); unclassified is grey.
-var kindColors = map[string]string{
-	"gave-up": "#e15759", "permanent": "#f28e2b", "too-large": "#edc948", "unreadable-row": "#b07aa1",
-	"malformed": "#76b7b2", "unknown-type": "#4e79a7", "undecodable": "#59a14f", "": "#9c9c9c",
+var kindColors = map[deadletter.Kind]string{
+	deadletter.KindGaveUp: "#e15759", deadletter.KindPermanent: "#f28e2b", deadletter.KindTooLarge: "#edc948",
+	deadletter.KindUnreadableRow: "#b07aa1", deadletter.KindMalformed: "#76b7b2", deadletter.KindUnknownType: "#4e79a7",
+	deadletter.KindUndecodable: "#59a14f", deadletter.KindHeld: "#ff9da7", "": "#9c9c9c",
 }
 
 // ranges are the chart's spans and the width of one bar in each.
@@ -89,7 +91,7 @@ func (c *console) history(ctx context.Context, span string, now time.Time) (*cha
 			y := float64(ch.Bottom) - float64(stacked[i]+b.Count)*scale
 			ch.Bars = append(ch.Bars, bar{
 				X: float64(ch.Left) + float64(i)*slot + slot*0.1, Y: y, W: slot * 0.8, H: float64(b.Count) * scale,
-				Color: kindColors[kind], Label: fmt.Sprintf("%s: %d %s", b.Start.UTC().Format("2006-01-02 15:04Z"), b.Count, orDash(kind)),
+				Color: kindColors[deadletter.Kind(kind)], Label: fmt.Sprintf("%s: %d %s", b.Start.UTC().Format("2006-01-02 15:04Z"), b.Count, orDash(kind)),
 			})
 			stacked[i] += b.Count
 		}
@@ -103,7 +105,7 @@ func (c *console) history(ctx context.Context, span string, now time.Time) (*cha
 		ch.Ticks = append(ch.Ticks, tick{X: float64(ch.Left) + float64(i)*slot, Label: label})
 	}
 	for _, k := range orderedKinds(perKind) {
-		ch.Legend = append(ch.Legend, legendItem{Kind: orDash(k), Color: kindColors[k], Count: perKind[k]})
+		ch.Legend = append(ch.Legend, legendItem{Kind: orDash(k), Color: kindColors[deadletter.Kind(k)], Count: perKind[k]})
 	}
 	return ch, nil
 }

@@ -24,6 +24,7 @@ import (
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxtest"
+	"github.com/txoutbox/outbox/relay"
 )
 
 // artefacts is where the browser test writes its screenshots (git-ignored).
@@ -272,7 +273,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	sender := &countingSender{sent: map[uuid.UUID]int{}}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/outboxtest"
+	"github.com/txoutbox/outbox/relay"
 )
 
 // The tests of docs/security.md about who reaches the console and the relay, one (or more) per
@@ -239,20 +240,20 @@ func TestProbes(t *testing.T) {
 	since := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	secret := fmt.Errorf("dial tcp 10.1.2.3:5432: password authentication failed for user s3cret")
 	for _, c := range []struct {
-		state          outbox.RelayState
+		state          relay.State
 		done           bool
 		healthz, ready int
 		body           string
 	}{
-		{outbox.RelayState{}, false, 200, 503, `{"status":"starting"}`},
-		{outbox.RelayState{Running: true}, false, 200, 200, `{"status":"ok"}`},
-		{outbox.RelayState{Running: true, BrokerUnavailableSince: since, BrokerErr: secret}, false, 200, 503,
+		{relay.State{}, false, 200, 503, `{"status":"starting"}`},
+		{relay.State{Running: true}, false, 200, 200, `{"status":"ok"}`},
+		{relay.State{Running: true, BrokerUnavailableSince: since, BrokerErr: secret}, false, 200, 503,
 			`{"status":"unavailable","broker_unavailable_since":"2026-11-23T10:00:00Z"}`},
-		{outbox.RelayState{Running: true, DatabaseUnavailableSince: since, DatabaseErr: secret}, false, 200, 503,
+		{relay.State{Running: true, DatabaseUnavailableSince: since, DatabaseErr: secret}, false, 200, 503,
 			`{"status":"unavailable","database_unavailable_since":"2026-11-23T10:00:00Z"}`},
-		{outbox.RelayState{}, true, 503, 503, `{"status":"stopped"}`},
+		{relay.State{}, true, 503, 503, `{"status":"stopped"}`},
 	} {
-		p := probes{state: func() outbox.RelayState { return c.state }, done: func() bool { return c.done }}
+		p := probes{state: func() relay.State { return c.state }, done: func() bool { return c.done }}
 		for _, x := range []struct {
 			h    http.HandlerFunc
 			want int

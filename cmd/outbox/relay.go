@@ -14,10 +14,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/txoutbox/outbox/relay"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-
-	"github.com/txoutbox/outbox"
 )
 
 func (a *app) relay(ctx context.Context, args []string) error {
@@ -103,7 +102,7 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, t.sender, &outbox.RelayConfig{
+	relay, err := relay.New(store, t.sender, &relay.Config{
 		Name: *name, BatchSize: *batch, MaxAttempts: *attempts, Lease: *lease, Concurrency: *concurrency,
 		Logger: log, MeterProvider: meters,
 	})
@@ -163,7 +162,7 @@ func relayHandler(g *guard, registry *prometheus.Registry, p probes) http.Handle
 // probes answers /healthz and /readyz from the relay's state, never from a query of their
 // own: a probe costs the database nothing, and says nothing of an error's text.
 type probes struct {
-	state func() outbox.RelayState
+	state func() relay.State
 	done  func() bool // Run returned
 }
 

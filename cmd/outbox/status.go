@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/internal/sqlstore"
+	"github.com/txoutbox/outbox/outboxdriver"
 )
 
 // report is the status of one outbox, as "outbox status" prints it and the console shows it.
@@ -101,7 +101,7 @@ func (s *store) readReport(ctx context.Context) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	stats, err := relayStore.(outbox.StatsReader).Stats(ctx)
+	stats, err := relayStore.(outboxdriver.StatsReader).Stats(ctx)
 	if err != nil {
 		return nil, err
 	}

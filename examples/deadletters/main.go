@@ -27,7 +27,8 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	"github.com/txoutbox/outbox/relay"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // InvoiceIssued is what the billing service publishes; the daily report adds it up.
@@ -111,12 +112,12 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 		return err
 	}
 
-	broker := outboxmem.New(nil)
+	broker := outboxmemory.New(nil)
 	store, err := box.NewStore(pool)
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, broker, nil)
+	relay, err := relay.New(store, broker, nil)
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxgorm "github.com/txoutbox/outbox/adapters/gorm"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/relay"
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 )
 
@@ -138,7 +139,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		return err
 	}

@@ -38,6 +38,7 @@ import (
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/relay"
 	outboxkafka "github.com/txoutbox/outbox/transports/kafka"
 )
 
@@ -134,7 +135,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		return err
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/relay"
 	outboxsqs "github.com/txoutbox/outbox/transports/sqs"
 )
 
@@ -105,7 +106,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		return err
 	}

@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
+	"github.com/txoutbox/outbox/relay"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
 
@@ -137,7 +137,7 @@ type outageLog struct {
 	spans []time.Duration
 }
 
-func (o *outageLog) record(relay string, s outbox.RelayState) {
+func (o *outageLog) record(relay string, s relay.State) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.since == nil {

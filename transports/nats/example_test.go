@@ -13,6 +13,8 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/internal/backoff"
+	"github.com/txoutbox/outbox/relay"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
 )
 
@@ -51,7 +53,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -75,7 +77,7 @@ func Example() {
 		}
 		e, err := outbox.Decode[orderPlaced](m)
 		if err != nil {
-			_ = d.Nack(ctx, outbox.Backoff(d.Attempt(), time.Second, time.Minute))
+			_ = d.Nack(ctx, backoff.Delay(d.Attempt(), time.Second, time.Minute))
 			continue
 		}
 		fmt.Println("order placed:", e.Payload.OrderID)

@@ -1,4 +1,4 @@
-// Package outboxamqp is the RabbitMQ transport of txoutbox, built on amqp091-go (AMQP 0-9-1).
+// Package outboxrabbitmq is the RabbitMQ transport of txoutbox, built on amqp091-go (AMQP 0-9-1).
 //
 // A [Sender] publishes the relay's batches to an exchange with publisher confirms: every
 // message is persistent and mandatory, and counts as delivered only once the broker
@@ -67,4 +67,4 @@
 // (no queue is bound for its routing key: retried, then dead-lettered), and a channel the
 // broker closed over what one message carried (406 PRECONDITION_FAILED, frame errors). A
 // [Receiver]'s connection and subscription errors are marked the same way.
-package outboxamqp
+package outboxrabbitmq

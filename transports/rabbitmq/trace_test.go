@@ -1,19 +1,19 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"testing"
 
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest/oteltest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // TestTrace: through RabbitMQ, one trace from the request that published an event to its
 // handler (oteltest.ExerciseTrace): sent to the exchange, processed from the queue.
 func TestTrace(t *testing.T) {
 	t.Parallel()
-	p := pgxtest.New(t, "outboxamqp_trace")
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	p := pgxtest.New(t, "outboxrabbitmq_trace")
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	oteltest.ExerciseTrace(t, &oteltest.TraceFixture{PipelineFixture: p.Pipeline(t, d.sender, d.receiver),
 		ProcessDestination: d.top.Queue})
 }

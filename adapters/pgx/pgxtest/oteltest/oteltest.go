@@ -27,6 +27,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
+	"github.com/txoutbox/outbox/relay"
 )
 
 // Tracing returns a tracer provider of the SDK that records every ended span in memory; it
@@ -217,7 +218,7 @@ func ExerciseTrace(t *testing.T, f *TraceFixture) {
 		t.Fatal("the sender names no destination for the event")
 	}
 
-	relay, err := outbox.NewRelay(f.Store, f.Sender, &outbox.RelayConfig{TracerProvider: tp})
+	relay, err := relay.New(f.Store, f.Sender, &relay.Config{TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package outbox
+package relay
 
 import (
 	"context"
@@ -12,18 +12,21 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/internal/telemetry"
+	"github.com/txoutbox/outbox/outboxdriver"
 )
 
 // relayTelemetry is the relay's tracing, metrics, logs and OnDeadLetter hook. With no SDK
 // installed it costs a few branches per batch: spans do not record and instruments report
 // Enabled false, so nothing is computed per message.
 type relayTelemetry struct {
-	cfg      *RelayConfig
+	cfg      *Config
 	tracer   trace.Tracer
 	meter    metric.Meter
 	inst     *telemetry.Instruments
-	describe Describer // nil when the Sender does not describe itself
+	describe outbox.Describer // nil when the Sender does not describe itself
 	system   string
 	log      *slog.Logger
 	retryLog telemetry.LogLimiter
@@ -33,7 +36,7 @@ type relayTelemetry struct {
 
 var sendSpanKind = trace.WithSpanKind(trace.SpanKindProducer)
 
-func (t *relayTelemetry) init(cfg *RelayConfig, sender Sender) {
+func (t *relayTelemetry) init(cfg *Config, sender outbox.Sender) {
 	t.cfg = cfg
 	t.tracer = telemetry.Tracer(cfg.TracerProvider)
 	t.meter = telemetry.Meter(cfg.MeterProvider)
@@ -43,7 +46,7 @@ func (t *relayTelemetry) init(cfg *RelayConfig, sender Sender) {
 		t.log.Warn("outbox relay: some metrics are unavailable", "err", err)
 	}
 	t.inst = inst
-	if d, ok := sender.(Describer); ok {
+	if d, ok := sender.(outbox.Describer); ok {
 		t.describe, t.system = d, d.MessagingSystem()
 	}
 	base := func(k telemetry.Key) []attribute.KeyValue {
@@ -75,7 +78,7 @@ func (t *relayTelemetry) init(cfg *RelayConfig, sender Sender) {
 }
 
 // destination is where m goes, by the Sender's own account.
-func (t *relayTelemetry) destination(m Message) string {
+func (t *relayTelemetry) destination(m outbox.Message) string {
 	if t.describe == nil {
 		return ""
 	}
@@ -91,7 +94,7 @@ func (t *relayTelemetry) claimed(ctx context.Context, n int) {
 
 // startSend starts the producer span of one Send: "send <destination>" (or "send" when the
 // batch goes to several). Its links come with sent.
-func (t *relayTelemetry) startSend(ctx context.Context, msgs []Message) (context.Context, *sendSpan) {
+func (t *relayTelemetry) startSend(ctx context.Context, msgs []outbox.Message) (context.Context, *sendSpan) {
 	start := time.Now()
 	ctx, span := t.tracer.Start(ctx, "send", sendSpanKind, trace.WithTimestamp(start))
 	s := &sendSpan{Span: span, ctx: ctx, start: start, name: "send"}
@@ -142,7 +145,7 @@ type sendSpan struct {
 // link links the span to the spans that published msgs. Past telemetry.MaxLinks distinct
 // publishers the links go on child spans of the same name and times, so the SDK's link
 // limit never drops one.
-func (s *sendSpan) link(t *relayTelemetry, msgs []Message) {
+func (s *sendSpan) link(t *relayTelemetry, msgs []outbox.Message) {
 	cur, n := trace.Span(s.Span), 0
 	telemetry.EachLink(func(yield func(map[string]string) bool) {
 		for _, m := range msgs {
@@ -178,7 +181,7 @@ func (s *sendSpan) end(err error, at time.Time) {
 // creation. The work per message (the span's links, the latencies and the counts) is done
 // by a goroutine of pending, beside the relay's write-back of the batch instead of before
 // it; times are the send's, taken here.
-func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Message, start time.Time, err error,
+func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []outbox.Message, start time.Time, err error,
 	failed map[int]error, pending *sync.WaitGroup) {
 	now := time.Now()
 	measure := t.inst.Sent.Enabled(ctx) || t.inst.SendDuration.Enabled(ctx) || t.inst.Latency.Enabled(ctx)
@@ -199,7 +202,7 @@ func (t *relayTelemetry) sent(ctx context.Context, span *sendSpan, msgs []Messag
 }
 
 // measure records the metrics of a send of msgs that lasted elapsed and ended at now.
-func (t *relayTelemetry) measure(ctx context.Context, msgs []Message, elapsed time.Duration, now time.Time, err error, failed map[int]error) {
+func (t *relayTelemetry) measure(ctx context.Context, msgs []outbox.Message, elapsed time.Duration, now time.Time, err error, failed map[int]error) {
 	dest, mixed := "", false
 	counts := make(map[telemetry.Key]int64, 4)
 	// Latencies are per message, and a message's trace is not the send span's: recorded
@@ -250,7 +253,7 @@ func (t *relayTelemetry) measure(ctx context.Context, msgs []Message, elapsed ti
 
 // retrying logs a failed send that will be retried, rate-limited: an outage fails every
 // message, and the metrics count them all.
-func (t *relayTelemetry) retrying(ctx context.Context, c Claimed, delay time.Duration, err error) {
+func (t *relayTelemetry) retrying(ctx context.Context, c outboxdriver.Claimed, delay time.Duration, err error) {
 	ok, suppressed := t.retryLog.Allow()
 	if !ok {
 		return
@@ -285,13 +288,13 @@ func (t *relayTelemetry) deadLettered(ctx context.Context, out *outcome, moved [
 		dest := t.destination(m)
 		t.log.LogAttrs(ctx, slog.LevelError, "outbox relay: message dead-lettered",
 			slog.Int64("seq", d.Seq), slog.String("event_id", m.ID.String()), slog.String("type", m.Type),
-			slog.String("key", m.Key), slog.Int("attempt", c.Attempts), slog.String("kind", d.Kind),
+			slog.String("key", m.Key), slog.Int("attempt", c.Attempts), slog.String("kind", string(d.Kind)),
 			slog.String("reason", d.Reason))
 		if count {
-			t.deadSets.Add(ctx, t.inst.DeadLetters, 1, telemetry.Key{A: m.Type, B: dest, D: d.Kind})
+			t.deadSets.Add(ctx, t.inst.DeadLetters, 1, telemetry.Key{A: m.Type, B: dest, D: string(d.Kind)})
 		}
 		if t.cfg.OnDeadLetter != nil {
-			t.cfg.OnDeadLetter(ctx, DeadLettered{Message: m, Stage: "relay", Kind: d.Kind, Reason: d.Reason,
+			t.cfg.OnDeadLetter(ctx, deadletter.Notice{Message: m, Stage: deadletter.StageRelay, Kind: d.Kind, Reason: d.Reason,
 				Attempts: c.Attempts, Destination: dest})
 		}
 	}
@@ -299,7 +302,7 @@ func (t *relayTelemetry) deadLettered(ctx context.Context, out *outcome, moved [
 
 // observeStats registers the outbox gauges, sampled by one sr.Stats per collection, and
 // returns their unregistration.
-func (t *relayTelemetry) observeStats(sr StatsReader) func() {
+func (t *relayTelemetry) observeStats(sr outboxdriver.StatsReader) func() {
 	i := t.inst
 	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -1,4 +1,4 @@
-package outbox
+package relay
 
 import (
 	"context"
@@ -12,12 +12,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/internal/availability"
+	"github.com/txoutbox/outbox/internal/backoff"
+	"github.com/txoutbox/outbox/outboxdriver"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
 // RelayConfig configures a [Relay]. The zero value (or nil) means the defaults below.
-type RelayConfig struct {
+type Config struct {
 	// Name identifies this relay in leases and logs. Default: host name, process ID and a
 	// random suffix.
 	Name string
@@ -51,7 +56,7 @@ type RelayConfig struct {
 	// message that had failed before it and fails again after it. Default 0: attempts only.
 	MaxRetryTime time.Duration
 	// UnavailableBackoff is how long the relay pauses once the broker or the database is
-	// unavailable (see [IsUnavailable]; for the database, any failed claim or write-back).
+	// unavailable (see [outbox.IsUnavailable]; for the database, any failed claim or write-back).
 	// Each pause ends in a probe — one claim of one message, sent — and each failed probe
 	// doubles the pause, with jitter, up to MaxUnavailableBackoff; the first probe that
 	// succeeds resumes every loop. Defaults 100ms and 10s.
@@ -76,17 +81,43 @@ type RelayConfig struct {
 	MeterProvider  metric.MeterProvider
 	// OnDeadLetter, when set, is called once for each message the relay moves to the
 	// dead-letter table, after the move committed: to page someone without polling the
-	// table. See [DeadLettered].
-	OnDeadLetter func(ctx context.Context, d DeadLettered)
+	// table. See [deadletter.Notice].
+	OnDeadLetter func(ctx context.Context, d deadletter.Notice)
 	// OnStateChange, when set, is called each time the broker or the database becomes
 	// unavailable or available again, with the new state (see [Relay.State]): to page
 	// someone. It runs on a relay loop's goroutine, so it must return quickly.
-	OnStateChange func(ctx context.Context, s RelayState)
+	OnStateChange func(ctx context.Context, s State)
+}
+
+// KeyPolicy says what becomes of a key's later events once one of its events is
+// dead-lettered.
+type KeyPolicy int
+
+const (
+	// HoldKey (the default) keeps per-key order across a dead letter: the key's later events
+	// wait until the dead letter is replayed — it goes first — or discarded — the key moves
+	// on. Held keys show in Stats.HeldKeys, `outbox status`, the console and the
+	// txoutbox.outbox.held_keys gauge.
+	HoldKey KeyPolicy = iota
+	// SkipKey lets the key's later events go on past the dead letter; replaying it later
+	// delivers it after them.
+	SkipKey
+)
+
+// String names the policy.
+func (p KeyPolicy) String() string {
+	switch p {
+	case HoldKey:
+		return "hold"
+	case SkipKey:
+		return "skip"
+	}
+	return fmt.Sprintf("KeyPolicy(%d)", int(p))
 }
 
 // WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
-func (c *RelayConfig) WithDefaults() *RelayConfig {
-	out := RelayConfig{}
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
 	if c != nil {
 		out = *c
 	}
@@ -118,7 +149,7 @@ func setDefault[T comparable](field *T, def T) {
 	}
 }
 
-func (c *RelayConfig) validate() error {
+func (c *Config) validate() error {
 	var errs []error
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		errs = append(errs, fmt.Errorf("BatchSize %d is outside 1..10000", c.BatchSize))
@@ -156,24 +187,24 @@ func (c *RelayConfig) validate() error {
 	return nil
 }
 
-// Relay delivers committed outbox messages to a [Sender]. Run any number of relays against
+// Relay delivers committed outbox messages to a [outbox.Sender]. Run any number of relays against
 // one outbox: claims are leased, so each message is sent by one relay at a time, and
 // messages with the same key are sent in order.
 type Relay struct {
-	store   Store
-	sender  Sender
-	cfg     *RelayConfig
+	store   outboxdriver.Store
+	sender  outbox.Sender
+	cfg     *Config
 	wake    chan struct{}
 	poll    chan struct{} // held by the loop that polls a drained outbox
 	backlog chan struct{} // a full batch: wakes a loop that waits for one
 	running atomic.Bool
 	obs     relayTelemetry
 	// broker and database follow the availability of what the relay depends on.
-	broker, database availability
+	broker, database *availability.Gate
 }
 
 // NewRelay returns a relay that moves messages from store to sender.
-func NewRelay(store Store, sender Sender, cfg *RelayConfig) (*Relay, error) {
+func New(store outboxdriver.Store, sender outbox.Sender, cfg *Config) (*Relay, error) {
 	c := cfg.WithDefaults()
 	var errs []error
 	if store == nil {
@@ -191,8 +222,10 @@ func NewRelay(store Store, sender Sender, cfg *RelayConfig) (*Relay, error) {
 	r := &Relay{store: store, sender: sender, cfg: c, wake: make(chan struct{}, 1),
 		poll: make(chan struct{}, 1), backlog: make(chan struct{}, 1)}
 	r.obs.init(c, sender)
-	r.broker.init("broker", r)
-	r.database.init("database", r)
+	broker, database := r.gate("broker"), r.gate("database")
+	r.broker, r.database = &broker, &database
+	r.broker.Init()
+	r.database.Init()
 	return r, nil
 }
 
@@ -210,8 +243,8 @@ func (r *Relay) Wake() {
 // (bounded by SendTimeout) and written back, or released. While the broker or the database
 // is unavailable it pauses and probes (see UnavailableBackoff) for as long as that lasts.
 // It returns an error if the relay is already running, or if the outbox's schema is not
-// migrated (an error wrapping [ErrSchema], found before the first claim when the store is a
-// [Validator], else by the first claim).
+// migrated (an error wrapping [outbox.ErrSchema], found before the first claim when the store is a
+// [outboxdriver.Validator], else by the first claim).
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: Relay.Run called while the relay is running")
@@ -220,7 +253,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.validate(ctx); err != nil {
 		return err
 	}
-	if sr, ok := r.store.(StatsReader); ok {
+	if sr, ok := r.store.(outboxdriver.StatsReader); ok {
 		defer r.obs.observeStats(sr)()
 	}
 	defer r.obs.observeAvailability(r)()
@@ -236,7 +269,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	if err := context.Cause(ctx); errors.Is(err, ErrSchema) {
+	if err := context.Cause(ctx); errors.Is(err, outbox.ErrSchema) {
 		return err
 	}
 	return nil
@@ -245,14 +278,14 @@ func (r *Relay) Run(ctx context.Context) error {
 // validate checks the outbox's schema once before the first claim, when the store can:
 // waiting (as for any claim) while the database is unavailable, failing on ErrSchema.
 func (r *Relay) validate(ctx context.Context) error {
-	v, ok := r.store.(Validator)
+	v, ok := r.store.(outboxdriver.Validator)
 	if !ok {
 		return nil
 	}
 	for ctx.Err() == nil {
-		proceed, probe, wait, back := r.database.admit()
+		proceed, probe, wait, back := r.database.Admit()
 		if !proceed {
-			pause(ctx, wait, back)
+			availability.Pause(ctx, wait, back)
 			continue
 		}
 		vctx, cancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
@@ -260,41 +293,30 @@ func (r *Relay) validate(ctx context.Context) error {
 		cancel()
 		switch {
 		case err == nil:
-			r.database.ok(ctx, probe)
+			r.database.OK(ctx, probe)
 			return nil
-		case errors.Is(err, ErrSchema):
-			r.database.ok(ctx, probe)
+		case errors.Is(err, outbox.ErrSchema):
+			r.database.OK(ctx, probe)
 			return fmt.Errorf("outbox: relay %s cannot start: %w", r.cfg.Name, err)
 		case ctx.Err() == nil:
-			r.database.failed(ctx, probe, err)
+			r.database.Failed(ctx, probe, err)
 		}
 	}
 	return nil
 }
 
-// pause waits for wait, for back to close, or for ctx to end.
-func pause(ctx context.Context, wait time.Duration, back <-chan struct{}) {
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-back:
-	case <-t.C:
-	}
-}
-
 // admit waits, while the broker or the database is unavailable, until this loop may probe
 // it or it is back. It returns false when the loop should ask again (or ctx ended).
 func (r *Relay) admit(ctx context.Context) (brokerProbe, databaseProbe, ok bool) {
-	proceed, brokerProbe, wait, back := r.broker.admit()
+	proceed, brokerProbe, wait, back := r.broker.Admit()
 	if !proceed {
-		pause(ctx, wait, back)
+		availability.Pause(ctx, wait, back)
 		return false, false, false
 	}
-	proceed, databaseProbe, wait, back = r.database.admit()
+	proceed, databaseProbe, wait, back = r.database.Admit()
 	if !proceed {
-		r.broker.idle(brokerProbe)
-		pause(ctx, wait, back)
+		r.broker.Inconclusive(brokerProbe)
+		availability.Pause(ctx, wait, back)
 		return false, false, false
 	}
 	return brokerProbe, databaseProbe, true
@@ -324,30 +346,30 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 		}
 		c := r.runOnce(ctx, lane, limit)
 		if c.claimErr != nil {
-			r.broker.idle(brokerProbe)
-			if errors.Is(c.claimErr, ErrSchema) {
-				r.database.ok(ctx, databaseProbe)
+			r.broker.Inconclusive(brokerProbe)
+			if errors.Is(c.claimErr, outbox.ErrSchema) {
+				r.database.OK(ctx, databaseProbe)
 				return c.claimErr
 			}
 			if ctx.Err() == nil {
-				r.database.failed(ctx, databaseProbe, c.claimErr)
+				r.database.Failed(ctx, databaseProbe, c.claimErr)
 			}
 			continue
 		}
 		if c.writeErr != nil && ctx.Err() == nil {
-			r.database.failed(ctx, databaseProbe, c.writeErr)
+			r.database.Failed(ctx, databaseProbe, c.writeErr)
 		} else {
-			r.database.ok(ctx, databaseProbe)
+			r.database.OK(ctx, databaseProbe)
 		}
 		switch {
 		case c.unavailable != nil:
-			r.broker.failed(ctx, brokerProbe, c.unavailable)
+			r.broker.Failed(ctx, brokerProbe, c.unavailable)
 			continue // admit pauses the loop
 		case c.answered:
-			r.broker.ok(ctx, brokerProbe)
+			r.broker.OK(ctx, brokerProbe)
 		case brokerProbe:
 			if err := r.ping(ctx); err != nil {
-				r.broker.failed(ctx, true, err)
+				r.broker.Failed(ctx, true, err)
 				continue
 			}
 		}
@@ -402,15 +424,15 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 
 // RunOnce claims one batch, sends it and writes the outcome back. It returns how many
 // messages it claimed. Run calls it in a loop; tests and one-shot jobs may call it directly.
-// When the broker is unavailable ([IsUnavailable]) it gives back what it did not send,
-// without counting an attempt, and returns an error wrapping [ErrUnavailable].
+// When the broker is unavailable ([outbox.IsUnavailable]) it gives back what it did not send,
+// without counting an attempt, and returns an error wrapping [outbox.ErrUnavailable].
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	c := r.runOnce(ctx, 0, r.cfg.BatchSize)
 	switch {
 	case c.claimErr != nil:
 		return 0, c.claimErr
 	case c.unavailable != nil:
-		return c.claimed, errors.Join(fmt.Errorf("outbox: broker unavailable: %w", Unavailable(c.unavailable)), c.writeErr)
+		return c.claimed, errors.Join(fmt.Errorf("outbox: broker unavailable: %w", outbox.Unavailable(c.unavailable)), c.writeErr)
 	}
 	return c.claimed, c.writeErr
 }
@@ -438,7 +460,7 @@ func (r *Relay) runOnce(ctx context.Context, lane, limit int) cycle {
 	// back what it cannot send in time instead of sending it after another relay took it.
 	lastWave := time.Now().Add(r.cfg.Lease - r.cfg.SendTimeout)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SendTimeout)
-	claimed, err := r.store.Claim(cctx, ClaimParams{
+	claimed, err := r.store.Claim(cctx, outboxdriver.ClaimParams{
 		Owner: r.cfg.Name,
 		Token: token,
 		Limit: limit,
@@ -462,11 +484,11 @@ func (r *Relay) runOnce(ctx context.Context, lane, limit int) cycle {
 	sendable := claimed[:0] // filtered in place: claimed is not read again
 	for _, c := range claimed {
 		if c.Err != nil {
-			out.deadLetter(c, deadUnreadableRow, fmt.Sprintf("unreadable outbox row: %v", c.Err))
+			out.deadLetter(c, deadletter.KindUnreadableRow, fmt.Sprintf("unreadable outbox row: %v", c.Err))
 			continue
 		}
 		if c.Attempts > r.cfg.MaxAttempts {
-			out.deadLetter(c, deadGaveUp, fmt.Sprintf(
+			out.deadLetter(c, deadletter.KindGaveUp, fmt.Sprintf(
 				"claimed %d times without an outcome (the relay crashed or timed out while sending it)", c.Attempts-1))
 			continue
 		}
@@ -500,32 +522,23 @@ func (r *Relay) runOnce(ctx context.Context, lane, limit int) cycle {
 	return c
 }
 
-// Kinds of the relay's dead letters: deadletter.Kind values (deadletter imports this
-// package, so the names cannot be shared).
-const (
-	deadGaveUp        = "gave-up"
-	deadPermanent     = "permanent"
-	deadTooLarge      = "too-large"
-	deadUnreadableRow = "unreadable-row"
-)
-
 type outcome struct {
 	done, release []int64
-	retry         []Retry
-	dead          []DeadLetter
-	deadClaims    []Claimed       // the claims of dead, in the same order
-	telemetry     sync.WaitGroup  // the sends' spans and metrics, recorded beside the write-back
-	holdKeys      bool            // KeyPolicy HoldKey: a keyed dead letter holds its key
-	blocked       map[string]bool // keys whose later messages in the claim are not sent
-	unavailable   error           // the broker's failure that stopped the sends, if any
-	answered      bool            // the broker accepted or refused a message
+	retry         []outboxdriver.Retry
+	dead          []outboxdriver.DeadLetter
+	deadClaims    []outboxdriver.Claimed // the claims of dead, in the same order
+	telemetry     sync.WaitGroup         // the sends' spans and metrics, recorded beside the write-back
+	holdKeys      bool                   // KeyPolicy HoldKey: a keyed dead letter holds its key
+	blocked       map[string]bool        // keys whose later messages in the claim are not sent
+	unavailable   error                  // the broker's failure that stopped the sends, if any
+	answered      bool                   // the broker accepted or refused a message
 }
 
 // deadLetter moves c to the dead letters; holding its key, the key's later messages in the
 // claim are given back unsent.
-func (o *outcome) deadLetter(c Claimed, kind, reason string) {
+func (o *outcome) deadLetter(c outboxdriver.Claimed, kind deadletter.Kind, reason string) {
 	hold := o.holdKeys && c.Message.Key != ""
-	o.dead = append(o.dead, DeadLetter{Seq: c.Seq, Kind: kind, Reason: reason, HoldKey: hold})
+	o.dead = append(o.dead, outboxdriver.DeadLetter{Seq: c.Seq, Kind: kind, Reason: reason, HoldKey: hold})
 	o.deadClaims = append(o.deadClaims, c)
 	if hold {
 		o.blocked[c.Message.Key] = true
@@ -536,7 +549,7 @@ func (o *outcome) deadLetter(c Claimed, kind, reason string) {
 // 0, every keyless message), so a Sender never sees two messages of one key at once, and a
 // key whose message failed sends nothing after it. Waves due after lastWave are released,
 // and so is everything left once the broker turns out to be unavailable.
-func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time, out *outcome) {
+func (r *Relay) send(ctx context.Context, claimed []outboxdriver.Claimed, lastWave time.Time, out *outcome) {
 	waves := splitWaves(claimed)
 	blocked := out.blocked
 	for _, wave := range waves {
@@ -569,7 +582,7 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 			if c.Message.Key != "" {
 				blocked[c.Message.Key] = true
 			}
-			if IsUnavailable(err) {
+			if outbox.IsUnavailable(err) {
 				// The broker's fault, not the message's: no attempt is spent.
 				out.release = append(out.release, c.Seq)
 				out.unavailable = err
@@ -580,11 +593,11 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 				out.deadLetter(c, kind, reason)
 				continue
 			}
-			delay, ok := RetryDelay(err)
+			delay, ok := outbox.RetryDelay(err)
 			if !ok {
-				delay = Backoff(c.Attempts, r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
+				delay = backoff.Delay(c.Attempts, r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
 			}
-			out.retry = append(out.retry, Retry{Seq: c.Seq, Delay: delay, Error: err.Error()})
+			out.retry = append(out.retry, outboxdriver.Retry{Seq: c.Seq, Delay: delay, Error: err.Error()})
 			r.obs.retrying(ctx, c, delay, err)
 		}
 	}
@@ -593,16 +606,16 @@ func (r *Relay) send(ctx context.Context, claimed []Claimed, lastWave time.Time,
 // giveUp decides whether a message's own failure err dead-letters it: at once for a
 // permanent error, or once it has spent MaxAttempts or MaxRetryTime; and with which kind and
 // reason.
-func (r *Relay) giveUp(c Claimed, err error) (kind, reason string, dead bool) {
+func (r *Relay) giveUp(c outboxdriver.Claimed, err error) (kind deadletter.Kind, reason string, dead bool) {
 	switch {
-	case errors.Is(err, ErrTooLarge):
-		return deadTooLarge, err.Error(), true
-	case IsPermanent(err):
-		return deadPermanent, err.Error(), true
+	case errors.Is(err, outbox.ErrTooLarge):
+		return deadletter.KindTooLarge, err.Error(), true
+	case outbox.IsPermanent(err):
+		return deadletter.KindPermanent, err.Error(), true
 	case c.Attempts >= r.cfg.MaxAttempts:
-		return deadGaveUp, fmt.Sprintf("gave up after %s: %v", plural(c.Attempts, "attempt"), err), true
+		return deadletter.KindGaveUp, fmt.Sprintf("gave up after %s: %v", plural(c.Attempts, "attempt"), err), true
 	case r.cfg.MaxRetryTime > 0 && !c.FirstFailedAt.IsZero() && time.Since(c.FirstFailedAt) >= r.cfg.MaxRetryTime:
-		return deadGaveUp, fmt.Sprintf("gave up after %s over %v (MaxRetryTime %v): %v", plural(c.Attempts, "attempt"),
+		return deadletter.KindGaveUp, fmt.Sprintf("gave up after %s over %v (MaxRetryTime %v): %v", plural(c.Attempts, "attempt"),
 			time.Since(c.FirstFailedAt).Round(time.Second), r.cfg.MaxRetryTime, err), true
 	}
 	return "", "", false
@@ -618,9 +631,9 @@ func plural(n int, noun string) string {
 
 // sendBatch calls the Sender and returns the failed indexes of batch. Its spans and metrics
 // may be finished later, by a goroutine of pending. A Send that the broker did not answer
-// within SendTimeout fails with an error marked [Unavailable].
-func (r *Relay) sendBatch(ctx context.Context, batch []Claimed, pending *sync.WaitGroup) map[int]error {
-	msgs := make([]Message, len(batch))
+// within SendTimeout fails with an error marked [outbox.Unavailable].
+func (r *Relay) sendBatch(ctx context.Context, batch []outboxdriver.Claimed, pending *sync.WaitGroup) map[int]error {
+	msgs := make([]outbox.Message, len(batch))
 	for i, c := range batch {
 		msgs[i] = c.Message
 	}
@@ -633,7 +646,7 @@ func (r *Relay) sendBatch(ctx context.Context, batch []Claimed, pending *sync.Wa
 	err := r.sender.Send(sctx, msgs)
 	var failed map[int]error
 	if err != nil {
-		var be *BatchError
+		var be *outbox.BatchError
 		if errors.As(err, &be) {
 			failed = be.Failed
 			for i, e := range failed {
@@ -655,13 +668,13 @@ func (r *Relay) sendBatch(ctx context.Context, batch []Claimed, pending *sync.Wa
 	return failed
 }
 
-// ping asks a Sender that is a [Pinger] whether the broker answers (a probe with nothing to
+// ping asks a Sender that is a [outbox.Pinger] whether the broker answers (a probe with nothing to
 // send). The broker stays unavailable, to be probed again after the backoff, when the Sender
 // cannot tell.
 func (r *Relay) ping(ctx context.Context) error {
-	p, ok := r.sender.(Pinger)
+	p, ok := r.sender.(outbox.Pinger)
 	if !ok {
-		r.broker.idle(true)
+		r.broker.Inconclusive(true)
 		return nil
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.SendTimeout)
@@ -669,28 +682,28 @@ func (r *Relay) ping(ctx context.Context) error {
 	err := p.Ping(pctx)
 	switch {
 	case err == nil:
-		r.broker.ok(ctx, true)
+		r.broker.OK(ctx, true)
 		return nil
 	case sendTimedOut(pctx, err):
 		return r.timedOut(err)
-	case IsUnavailable(err):
+	case outbox.IsUnavailable(err):
 		return err
 	}
-	return Unavailable(err) // a ping concerns no message: any failure is the broker's
+	return outbox.Unavailable(err) // a ping concerns no message: any failure is the broker's
 }
 
 // timedOut marks the error of a send that outlived SendTimeout as the broker's.
 func (r *Relay) timedOut(err error) error {
-	return Unavailable(fmt.Errorf("no answer from the broker within SendTimeout (%v): %w", r.cfg.SendTimeout, err))
+	return outbox.Unavailable(fmt.Errorf("no answer from the broker within SendTimeout (%v): %w", r.cfg.SendTimeout, err))
 }
 
 // splitWaves groups claimed messages (in outbox order) so that each wave holds at most one
 // message per key, in key order across waves.
-func splitWaves(claimed []Claimed) [][]Claimed {
-	if !slices.ContainsFunc(claimed, func(c Claimed) bool { return c.Message.Key != "" }) {
-		return [][]Claimed{claimed} // keyless: one wave, as claimed
+func splitWaves(claimed []outboxdriver.Claimed) [][]outboxdriver.Claimed {
+	if !slices.ContainsFunc(claimed, func(c outboxdriver.Claimed) bool { return c.Message.Key != "" }) {
+		return [][]outboxdriver.Claimed{claimed} // keyless: one wave, as claimed
 	}
-	var waves [][]Claimed
+	var waves [][]outboxdriver.Claimed
 	depth := map[string]int{}
 	for _, c := range claimed {
 		w := 0
@@ -699,9 +712,9 @@ func splitWaves(claimed []Claimed) [][]Claimed {
 			depth[k] = w + 1
 		}
 		if w == len(waves) {
-			var wave []Claimed
+			var wave []outboxdriver.Claimed
 			if w == 0 { // holds every keyless message: often the whole claim
-				wave = make([]Claimed, 0, len(claimed))
+				wave = make([]outboxdriver.Claimed, 0, len(claimed))
 			}
 			waves = append(waves, wave)
 		}
@@ -710,14 +723,8 @@ func splitWaves(claimed []Claimed) [][]Claimed {
 	return waves
 }
 
-// Backoff returns the delay before attempt+1: base doubled per attempt, capped at max, with
-// "equal jitter" (a random point in the upper half) so retries of one outage spread out.
-func Backoff(attempt int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	half := d / 2
-	return half + time.Duration(rand.Int64N(int64(half)+1))
+// sendTimedOut reports whether err is ctx's deadline: a send that the broker did not answer
+// within its SendTimeout.
+func sendTimedOut(ctx context.Context, err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) && errors.Is(ctx.Err(), context.DeadlineExceeded)
 }

@@ -1,9 +1,21 @@
-package outbox
+// Package outboxdriver is the contract between the relay and the stores that hold outboxes:
+// for authors of a store (an adapter for another database or driver), not for applications,
+// which call an adapter's Publish, NewStore and friends. River's riverdriver is the model.
+//
+// A store implements [Store]; [Validator] and [StatsReader] are optional. The conformance
+// suite outboxtest.ExerciseStore checks a store for every behaviour the relay relies on
+// (order per key, leases and fencing tokens, held keys, poison rows, outages), and
+// [Encode] turns the events of a Publish call into messages exactly as this repository's
+// adapters do (validation, encoding, the caller's trace context in the headers), so that a
+// store of your own behaves like ours.
+package outboxdriver
 
 import (
 	"context"
-	"fmt"
 	"time"
+
+	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/deadletter"
 )
 
 // Store is the relay's access to an outbox table. Adapters provide one
@@ -33,8 +45,8 @@ type Store interface {
 }
 
 // Validator is an optional interface of a [Store] (the SQL adapters' stores have it):
-// [Relay.Run] calls Validate before its first claim and stops with its error when that wraps
-// [ErrSchema] — the outbox was never migrated, or by another version — instead of failing
+// [relay.Relay.Run] calls Validate before its first claim and stops with its error when that wraps
+// [outbox.ErrSchema] — the outbox was never migrated, or by another version — instead of failing
 // every claim for as long as it runs. Other errors (the database is down) are retried.
 type Validator interface {
 	Validate(ctx context.Context) error
@@ -42,7 +54,7 @@ type Validator interface {
 
 // ClaimParams are the arguments of [Store.Claim].
 type ClaimParams struct {
-	// Owner names the claiming relay (RelayConfig.Name), for people reading the table.
+	// Owner names the claiming relay (relay.Config.Name), for people reading the table.
 	Owner string
 	// Token fences the claim: every write-back of its messages must carry it.
 	Token int64
@@ -50,7 +62,7 @@ type ClaimParams struct {
 	Limit int
 	// Lease is how long the messages stay the claimer's before another relay may take them.
 	Lease time.Duration
-	// Lane is which of the relay's claim loops claims (0 to Lanes-1; RelayConfig.Concurrency
+	// Lane is which of the relay's claim loops claims (0 to Lanes-1; relay.Config.Concurrency
 	// loops). A store that serialises the claims of ordered messages may give each lane a
 	// share of the keys to claim from first, so that the loops' claims need not wait for
 	// each other (PostgreSQL's does); it must never make order depend on it. Zero Lanes
@@ -68,10 +80,10 @@ type Claimed struct {
 	// if none has. The relay's MaxRetryTime counts from it.
 	FirstFailedAt time.Time
 	// Message is the message as stored.
-	Message Message
+	Message outbox.Message
 	// Err is set when the row could not be read into a valid Message (written by raw SQL,
 	// a trigger or another producer: an id that is not a UUID, headers that are not a
-	// JSON object of strings, a type or key that breaks the rules of [Message]…). It
+	// JSON object of strings, a type or key that breaks the rules of [outbox.Message]…). It
 	// names the column and the problem; Message holds what could be read. The relay
 	// dead-letters such a row alone, and the store keeps its raw values.
 	Err error
@@ -93,55 +105,15 @@ type DeadLetter struct {
 	Seq int64
 	// Reason is the failure, stored with the dead letter.
 	Reason string
-	// Kind classifies the failure for people filtering dead letters: one of the
-	// deadletter.Kind values ("gave-up", "permanent", "too-large", "unreadable-row").
-	Kind string
+	// Kind classifies the failure for people filtering dead letters.
+	Kind deadletter.Kind
 	// HoldKey asks the store to hold the message's key (set only for a keyed message, by a
-	// relay whose KeyPolicy is HoldKey): the row stays in the outbox, never claimable, as
+	// relay whose KeyPolicy is relay.HoldKey): the row stays in the outbox, never claimable, as
 	// the first of its key, so the key's later messages wait behind it; the dead letter
 	// records which row it holds. Replaying the dead letter makes that row deliverable
 	// again, where it stood (it goes first); discarding it deletes the row (the key moves
 	// on). Without HoldKey the row leaves the outbox.
 	HoldKey bool
-}
-
-// KeyPolicy says what becomes of a key's later events once one of its events is
-// dead-lettered.
-type KeyPolicy int
-
-const (
-	// HoldKey (the default) keeps per-key order across a dead letter: the key's later events
-	// wait until the dead letter is replayed — it goes first — or discarded — the key moves
-	// on. Held keys show in Stats.HeldKeys, `outbox status`, the console and the
-	// txoutbox.outbox.held_keys gauge.
-	HoldKey KeyPolicy = iota
-	// SkipKey lets the key's later events go on past the dead letter; replaying it later
-	// delivers it after them.
-	SkipKey
-)
-
-// String names the policy.
-func (p KeyPolicy) String() string {
-	switch p {
-	case HoldKey:
-		return "hold"
-	case SkipKey:
-		return "skip"
-	}
-	return fmt.Sprintf("KeyPolicy(%d)", int(p))
-}
-
-// Tables names the tables the SQL adapters use. The zero value means the connection's
-// default schema (search_path on PostgreSQL, the connected database on MySQL) and an outbox
-// table named "outbox"; the dead-letter, inbox and migration tables take the outbox table's
-// name as their prefix ("outbox_dead_letters"…). Names must be plain identifiers
-// (letters, digits, underscores; not starting with a digit; Outbox at most 40 characters).
-type Tables struct {
-	// Schema is the schema (MySQL: the database) of every table; "" is the connection's
-	// default.
-	Schema string
-	// Outbox is the outbox table's name and the prefix of the others; "" is "outbox".
-	Outbox string
 }
 
 // StatsReader is implemented by the stores of the SQL adapters (an optional interface of
@@ -150,7 +122,7 @@ type Tables struct {
 // collection, not per event; operators' tools call it directly:
 //
 //	store, _ := outboxpgx.NewStore(pool)
-//	st, err := store.(outbox.StatsReader).Stats(ctx)
+//	st, err := store.(outboxdriver.StatsReader).Stats(ctx)
 type StatsReader interface {
 	Stats(ctx context.Context) (Stats, error)
 }
@@ -172,7 +144,7 @@ type Stats struct {
 	// OldestPendingDeadLetter is when the oldest pending dead letter last failed; zero when
 	// there is none.
 	OldestPendingDeadLetter time.Time
-	// HeldKeys counts the keys held by a pending dead letter of the relay (see [HoldKey]):
+	// HeldKeys counts the keys held by a pending dead letter of the relay (see [DeadLetter.HoldKey]):
 	// their later messages wait in the backlog until it is replayed or discarded.
 	HeldKeys int64
 }

@@ -1,4 +1,4 @@
-package sqlstore
+package outboxdriver
 
 import (
 	"context"
@@ -75,18 +75,4 @@ func IsNil(v any) bool {
 		return rv.IsNil()
 	}
 	return false
-}
-
-// Publish encodes events and inserts them through q, the caller's transaction: the whole of
-// a Publish call for adapters whose dialect SQL needs no driver-specific fast path. An event
-// that cannot be encoded fails before any SQL runs.
-func Publish(ctx context.Context, d Dialect, q Querier, n *Names, events []outbox.Encodable) error {
-	msgs, err := Encode(ctx, events)
-	if err != nil || len(msgs) == 0 {
-		return err
-	}
-	if err := d.Insert(ctx, q, n, msgs); err != nil {
-		return fmt.Errorf("publishing %d event(s) to %s: %w", len(msgs), n.Outbox, Classify(err, n))
-	}
-	return nil
 }
