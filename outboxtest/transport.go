@@ -344,8 +344,30 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 		}
 	})
 
-	// A JSON payload with characters some brokers cannot carry as they are (U+FFFF, U+FFFE)
-	// must still reach other CloudEvents readers as JSON under its JSON content type.
+	// Ping (an optional interface, which every transport of this repository implements)
+	// answers while the broker is up, and sends nothing.
+	t.Run("Ping", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		p, ok := f.Sender.(outbox.Pinger)
+		if !ok {
+			t.Skip("the Sender is not an outbox.Pinger")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), f.Timeout)
+		defer cancel()
+		for i := range 2 { // once on a fresh Sender, once on one that has pinged
+			if err := p.Ping(ctx); err != nil {
+				t.Fatalf("Ping %d: %v", i+1, err)
+			}
+		}
+		ExpectNone(t, f.Receiver, 300*time.Millisecond)
+		cancelled, cancelNow := context.WithCancel(context.Background())
+		cancelNow()
+		if err := p.Ping(cancelled); err == nil {
+			t.Error("Ping with a cancelled context succeeded, want ctx's error")
+		}
+	})
+
 	t.Run("Outage", func(t *testing.T) {
 		t.Parallel()
 		f := fixture(t)
@@ -355,6 +377,8 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 		exerciseTransportOutage(t, f.Outage(t))
 	})
 
+	// A JSON payload with characters some brokers cannot carry as they are (U+FFFF, U+FFFE)
+	// must still reach other CloudEvents readers as JSON under its JSON content type.
 	t.Run("ForeignReadersParseOurJSON", func(t *testing.T) {
 		t.Parallel()
 		f := fixture(t)

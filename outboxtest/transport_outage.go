@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,11 +57,27 @@ func exerciseTransportOutage(t *testing.T, o *OutageFixture) {
 		o.Timeout = 60 * time.Second
 	}
 	t.Run("SendFailsAsUnavailable", func(t *testing.T) { sendFailsAsUnavailable(t, o) })
+	t.Run("PingFailsAsUnavailable", func(t *testing.T) {
+		p, ok := o.Sender.(outbox.Pinger)
+		if !ok {
+			t.Skip("the Sender is not an outbox.Pinger")
+		}
+		pingFailsAsUnavailable(t, o, p)
+	})
 	t.Run("RelayWaitsOutTheOutage", func(t *testing.T) {
 		if o.Pipeline == nil {
 			t.Skip("fixture has no Pipeline")
 		}
 		relayWaitsOutTheOutage(t, o)
+	})
+	t.Run("IdleRelayPingsTheBrokerBack", func(t *testing.T) {
+		switch _, ok := o.Sender.(outbox.Pinger); {
+		case o.Pipeline == nil:
+			t.Skip("fixture has no Pipeline")
+		case !ok:
+			t.Skip("the Sender is not an outbox.Pinger")
+		}
+		idleRelayPingsTheBrokerBack(t, o)
 	})
 }
 
@@ -154,6 +171,147 @@ func sendFailsAsUnavailable(t *testing.T, o *OutageFixture) {
 		t.Fatalf("oversize message: %v (unavailable %v), want its own fault wrapping outbox.ErrTooLarge", e, outbox.IsUnavailable(e))
 	}
 	recv.await(t, o.Timeout, "the valid message sent with the oversize one", ok)
+}
+
+// pingFailsAsUnavailable: Ping answers nil while the broker is up; while it is down it
+// fails within the send's deadline with an error marked outbox.Unavailable; after the
+// restart it answers nil again, every failure on the way back marked unavailable too.
+func pingFailsAsUnavailable(t *testing.T, o *OutageFixture, p outbox.Pinger) {
+	sw := newOutageSwitch(t, o)
+	ping := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), o.SendTimeout)
+		defer cancel()
+		return p.Ping(ctx)
+	}
+	if err := ping(); err != nil {
+		t.Fatalf("Ping before the outage: %v", err)
+	}
+	sw.stop(t)
+	for try := range 2 { // the relay pings again after its backoff
+		err := ping()
+		if err == nil || !outbox.IsUnavailable(err) {
+			t.Fatalf("Ping %d while the broker is down = %v, want an error marked outbox.Unavailable", try+1, err)
+		}
+		if try == 0 {
+			t.Logf("Ping while the broker is down: %v", err)
+		}
+	}
+	sw.start(t)
+	failures := 0
+	WaitFor(t, o.Timeout, "Ping to succeed after the broker restarted", func() bool {
+		err := ping()
+		if err != nil && !outbox.IsUnavailable(err) {
+			t.Fatalf("Ping while the broker comes back, failure %d: %v (not marked outbox.Unavailable)", failures+1, err)
+		}
+		if err != nil {
+			failures++
+		}
+		return err == nil
+	})
+	if failures > 0 {
+		t.Logf("%d Ping(s) failed as unavailable while the broker came back", failures)
+	}
+}
+
+// idleRelayPingsTheBrokerBack: of two relays on one outbox that both found the broker
+// down, the one that drains the outbox once it is back learns so by sending; the other,
+// which finds nothing left to send, learns it by pinging ([outbox.Pinger]) and reports the
+// broker available again (Relay.State) without a message to send. Here the second relay's
+// sends and pings are held back until the first has drained everything, so it cannot
+// learn it any other way.
+func idleRelayPingsTheBrokerBack(t *testing.T, o *OutageFixture) {
+	sw := newOutageSwitch(t, o)
+	p := o.Pipeline(t)
+	ctx := context.Background()
+	held := &heldSender{Sender: p.Sender}
+	start := func(name string, s outbox.Sender) *outbox.Relay {
+		relay, err := outbox.NewRelay(p.Store, s, &outbox.RelayConfig{
+			Name: name, UnavailableBackoff: 50 * time.Millisecond, MaxUnavailableBackoff: 500 * time.Millisecond,
+			Lease: 6 * time.Second, SendTimeout: 2 * time.Second, MinPollInterval: 10 * time.Millisecond,
+			MaxPollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(rctx) }()
+		t.Cleanup(func() {
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("Relay.Run (%s): %v", name, err)
+			}
+		})
+		return relay
+	}
+	drainer, idle := start("drainer", p.Sender), start("idle", held)
+	recv := startCollecting(t, p.Receiver)
+	publish := func(from, n int) []outbox.Message {
+		t.Helper()
+		var events []outbox.Encodable
+		var msgs []outbox.Message
+		for i := from; i < from+n; i++ {
+			e := outbox.New(Note{Text: fmt.Sprintf("event %d", i)})
+			m, _ := e.Encode()
+			events, msgs = append(events, e), append(msgs, m)
+		}
+		if err := p.Publish(ctx, events...); err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		drainer.Wake()
+		idle.Wake()
+		return msgs
+	}
+	recv.await(t, o.Timeout, "the events published before the outage", publish(0, 4)...)
+
+	sw.stop(t)
+	during := publish(4, 12)
+	WaitFor(t, o.Timeout, "both relays to report the broker unavailable", func() bool {
+		return !drainer.State().BrokerUnavailableSince.IsZero() && !idle.State().BrokerUnavailableSince.IsZero()
+	})
+	held.hold.Store(true)
+	sw.start(t)
+	recv.await(t, o.Timeout, "the events the draining relay sends after the restart", during...)
+	WaitFor(t, o.Timeout, "the draining relay to report the broker available", func() bool {
+		return drainer.State().BrokerUnavailableSince.IsZero()
+	})
+	if s := idle.State(); s.BrokerUnavailableSince.IsZero() {
+		t.Fatalf("the relay whose sends were held back reports the broker available (%+v)", s)
+	}
+	held.sent.Store(0)
+	held.hold.Store(false) // it may reach the broker now, with nothing left to send
+	WaitFor(t, o.Timeout, "the idle relay to report the broker available again (by Ping)", func() bool {
+		s := idle.State()
+		return s.BrokerUnavailableSince.IsZero() && s.BrokerErr == nil
+	})
+	if n := held.sent.Load(); n > 0 {
+		t.Errorf("the idle relay sent %d message(s) after its sends were let through; the outbox was drained", n)
+	}
+	expectNoDeadLetters(t, p.DeadLetters, "after the outage")
+}
+
+// heldSender passes sends and pings to Sender (an outbox.Pinger), or, while hold is set,
+// fails them as unavailable: a relay that cannot reach the broker while another can.
+type heldSender struct {
+	outbox.Sender
+	hold atomic.Bool
+	sent atomic.Int64 // messages passed to Sender
+}
+
+func (h *heldSender) Send(ctx context.Context, msgs []outbox.Message) error {
+	if h.hold.Load() {
+		return outbox.Unavailable(errors.New("outboxtest: this relay's sends are held back"))
+	}
+	err := h.Sender.Send(ctx, msgs)
+	h.sent.Add(int64(len(msgs)))
+	return err
+}
+
+func (h *heldSender) Ping(ctx context.Context) error {
+	if h.hold.Load() {
+		return outbox.Unavailable(errors.New("outboxtest: this relay's pings are held back"))
+	}
+	return h.Sender.(outbox.Pinger).Ping(ctx)
 }
 
 // allUnavailable checks that err fails all n messages of a Send, each marked unavailable:

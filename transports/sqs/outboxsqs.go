@@ -62,9 +62,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 )
 
-// SenderAPI is the part of *sqs.Client a [Sender] uses.
+// SenderAPI is the part of *sqs.Client a [Sender] uses: SendMessageBatch to send, and
+// GetQueueAttributes for [Sender.Ping].
 type SenderAPI interface {
 	SendMessageBatch(ctx context.Context, params *sqs.SendMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
+	GetQueueAttributes(ctx context.Context, params *sqs.GetQueueAttributesInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error)
 }
 
 // ReceiverAPI is the part of *sqs.Client a [Receiver] uses.

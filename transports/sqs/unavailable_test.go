@@ -40,6 +40,13 @@ func (s scriptedSQS) SendMessageBatch(_ context.Context, in *sqs.SendMessageBatc
 	return out, nil
 }
 
+func (s scriptedSQS) GetQueueAttributes(context.Context, *sqs.GetQueueAttributesInput, ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	return &sqs.GetQueueAttributesOutput{}, nil
+}
+
 // TestBrokerFaultClassification: a SendMessageBatch that fails for reasons of SQS, the
 // endpoint or the connection — whole, or entry by entry — fails every message as
 // outbox.Unavailable; what SQS refuses in one message is not.
