@@ -28,7 +28,15 @@
 // service refuses in one message stays that message's: MessageTooLarge,
 // RequestBodyTooLarge, InvalidXmlDocument, InvalidInput (rare: the size check before
 // sending fails an oversize message with outbox.ErrTooLarge without a request). A
-// [Receiver]'s errors are marked the same way.
+// [Receiver]'s errors are marked the same way. [Sender.Ping] (an [outbox.Pinger]) reads a
+// queue's properties, sending nothing: a relay with nothing left to send learns so that the
+// service is back.
+//
+// # Memory
+//
+// A [Receiver] buffers nothing between calls, and the service bounds what it returns: 32
+// messages per request, 64 KiB each. What a consumer holds is its unsettled deliveries
+// (consumer.Config.Concurrency) times that; a malformed message's text is held once.
 package outboxazqueue
 
 import (

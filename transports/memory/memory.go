@@ -2,7 +2,7 @@
 // consumer's Receiver. It is for tests and examples (nothing survives the process), and it
 // behaves like a real broker where that matters to them: redelivery after a visibility
 // timeout, delivery counts, optional per-key FIFO and dedup by message ID, and injectable
-// send failures.
+// send and ping failures (Config.SendHook, Config.PingHook).
 package outboxmem
 
 import (

@@ -54,6 +54,14 @@
 // message carries (InvalidMessageContents, InvalidAttributeName, InvalidAttributeValue,
 // InvalidParameterValue: permanent; MessageTooLong: outbox.ErrTooLarge) stays the
 // message's. A [Receiver]'s ReceiveMessage errors are marked the same way.
+// [Sender.Ping] (an [outbox.Pinger]) reads one attribute of a queue it sends to, sending
+// nothing: a relay with nothing left to send learns so that SQS is back.
+//
+// # Memory
+//
+// A [Receiver] buffers nothing between calls, and SQS bounds each: one ReceiveMessage
+// returns at most 10 messages of at most 1 MiB. What a consumer holds is its unsettled
+// deliveries (consumer.Config.Concurrency) times that.
 package outboxsqs
 
 import (
