@@ -271,19 +271,24 @@ func idleRelayPingsTheBrokerBack(t *testing.T, o *OutageFixture) {
 	})
 	held.hold.Store(true)
 	sw.start(t)
+	restartedAt := time.Now()
 	recv.await(t, o.Timeout, "the events the draining relay sends after the restart", during...)
 	WaitFor(t, o.Timeout, "the draining relay to report the broker available", func() bool {
 		return drainer.State().BrokerUnavailableSince.IsZero()
 	})
+	drained := time.Since(restartedAt)
 	if s := idle.State(); s.BrokerUnavailableSince.IsZero() {
 		t.Fatalf("the relay whose sends were held back reports the broker available (%+v)", s)
 	}
 	held.sent.Store(0)
 	held.hold.Store(false) // it may reach the broker now, with nothing left to send
+	letThrough := time.Now()
 	WaitFor(t, o.Timeout, "the idle relay to report the broker available again (by Ping)", func() bool {
 		s := idle.State()
 		return s.BrokerUnavailableSince.IsZero() && s.BrokerErr == nil
 	})
+	t.Logf("after the restart, the draining relay sent everything and reported the broker available in %v; the idle relay reported it available %v after it could reach it",
+		drained.Round(time.Millisecond), time.Since(letThrough).Round(time.Millisecond))
 	if n := held.sent.Load(); n > 0 {
 		t.Errorf("the idle relay sent %d message(s) after its sends were let through; the outbox was drained", n)
 	}
@@ -470,27 +475,40 @@ type collector struct {
 // startCollecting receives from r until the test ends.
 func startCollecting(t testing.TB, r outbox.Receiver) *collector {
 	c := &collector{seen: map[uuid.UUID]int{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
+	// Stopping lets the Receive in flight end by its own deadline rather than cancelling
+	// it: a cancelled long poll may leave messages the broker handed it invisible until
+	// their visibility timeout (SQS) or AckWait (NATS), which the next subtest, on the
+	// same destination, would wait out.
+	stop, done := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(stop); <-done })
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
 	go func() {
 		defer close(done)
-		for ctx.Err() == nil {
-			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+		for !stopped() {
+			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
 			ds, err := r.Receive(rctx, 100)
 			rcancel()
-			if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				c.mu.Lock()
 				c.errs, c.last = c.errs+1, err
 				c.mu.Unlock()
 				select { // a receiver that fails at once would spin
-				case <-ctx.Done():
+				case <-stop:
 				case <-time.After(50 * time.Millisecond):
 				}
 			}
 			for _, d := range ds {
 				m, err := d.Message()
-				_ = d.Ack(ctx) // a lost ack is a copy later, which the collector counts
+				actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = d.Ack(actx) // a lost ack is a copy later, which the collector counts
+				acancel()
 				if err != nil {
 					continue
 				}
