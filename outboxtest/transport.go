@@ -539,6 +539,43 @@ func ReceiveN(t testing.TB, r outbox.Receiver, n int, timeout time.Duration) []o
 	return out
 }
 
+// Unsettled keeps deliveries received and not settled, for tests of how much a receiver
+// hands out before anything is acknowledged (its byte cap).
+type Unsettled struct {
+	Deliveries []outbox.Delivery
+	// Bytes adds up the bodies of Deliveries.
+	Bytes int
+}
+
+// Receive calls r.Receive once, for up to max messages, keeps what it returns unsettled,
+// and returns how many came. A failed Receive, or a delivery without a valid message,
+// fails the test.
+func (u *Unsettled) Receive(t testing.TB, r outbox.Receiver, max int) int {
+	t.Helper()
+	ds, err := r.Receive(context.Background(), max)
+	if err != nil {
+		t.Fatalf("Receive after %d unsettled deliveries: %v", len(u.Deliveries), err)
+	}
+	for _, d := range ds {
+		m, err := d.Message()
+		if err != nil {
+			t.Fatalf("Message(): %v", err)
+		}
+		u.Deliveries, u.Bytes = append(u.Deliveries, d), u.Bytes+len(m.Body)
+	}
+	return len(ds)
+}
+
+// AckFrom acknowledges the deliveries from the i-th on.
+func (u *Unsettled) AckFrom(t testing.TB, i int) {
+	t.Helper()
+	for _, d := range u.Deliveries[i:] {
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatalf("Ack: %v", err)
+		}
+	}
+}
+
 // ReceiveEach receives n deliveries and hands each to fn as soon as it arrives (fn normally
 // acks it), so it also works with transports that hand out one unacknowledged message at a
 // time. It fails the test if timeout passes first.

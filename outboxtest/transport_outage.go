@@ -224,27 +224,8 @@ func idleRelayPingsTheBrokerBack(t *testing.T, o *OutageFixture) {
 	p := o.Pipeline(t)
 	ctx := context.Background()
 	held := &heldSender{Sender: p.Sender}
-	start := func(name string, s outbox.Sender) *outbox.Relay {
-		relay, err := outbox.NewRelay(p.Store, s, &outbox.RelayConfig{
-			Name: name, UnavailableBackoff: 50 * time.Millisecond, MaxUnavailableBackoff: 500 * time.Millisecond,
-			Lease: 6 * time.Second, SendTimeout: 2 * time.Second, MinPollInterval: 10 * time.Millisecond,
-			MaxPollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- relay.Run(rctx) }()
-		t.Cleanup(func() {
-			stop()
-			if err := <-done; err != nil {
-				t.Errorf("Relay.Run (%s): %v", name, err)
-			}
-		})
-		return relay
-	}
-	drainer, idle := start("drainer", p.Sender), start("idle", held)
+	drainer := runOutageRelay(t, p, p.Sender, outbox.RelayConfig{Name: "drainer"})
+	idle := runOutageRelay(t, p, held, outbox.RelayConfig{Name: "idle"})
 	recv := startCollecting(t, p.Receiver)
 	publish := func(from, n int) []outbox.Message {
 		t.Helper()
@@ -293,6 +274,31 @@ func idleRelayPingsTheBrokerBack(t *testing.T, o *OutageFixture) {
 		t.Errorf("the idle relay sent %d message(s) after its sends were let through; the outbox was drained", n)
 	}
 	expectNoDeadLetters(t, p.DeadLetters, "after the outage")
+}
+
+// runOutageRelay runs a relay of p's outbox through s until the test ends, with cfg's name
+// and retries and the outage subtests' timings: probes every 50–500ms, 2s per send, polls
+// every 10–50ms.
+func runOutageRelay(t testing.TB, p *PipelineFixture, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	cfg.UnavailableBackoff, cfg.MaxUnavailableBackoff = 50*time.Millisecond, 500*time.Millisecond
+	cfg.Lease, cfg.SendTimeout = 6*time.Second, 2*time.Second
+	cfg.MinPollInterval, cfg.MaxPollInterval = 10*time.Millisecond, 50*time.Millisecond
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	relay, err := outbox.NewRelay(p.Store, s, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Relay.Run (%s): %v", cfg.Name, err)
+		}
+	})
+	return relay
 }
 
 // heldSender passes sends and pings to Sender (an outbox.Pinger), or, while hold is set,
@@ -375,24 +381,9 @@ func relayWaitsOutTheOutage(t *testing.T, o *OutageFixture) {
 	sw := newOutageSwitch(t, o)
 	p := o.Pipeline(t)
 	ctx := context.Background()
-	relay, err := outbox.NewRelay(p.Store, p.Sender, &outbox.RelayConfig{
+	relay := runOutageRelay(t, p, p.Sender, outbox.RelayConfig{
 		Name: "outage", MaxAttempts: maxAttempts, RetryBackoff: backoff, MaxRetryBackoff: backoff,
-		UnavailableBackoff: 50 * time.Millisecond, MaxUnavailableBackoff: 500 * time.Millisecond,
-		Lease: 6 * time.Second, SendTimeout: 2 * time.Second, MinPollInterval: 10 * time.Millisecond,
-		MaxPollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stopRelay := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(rctx) }()
-	defer func() {
-		stopRelay()
-		if err := <-done; err != nil {
-			t.Errorf("Relay.Run: %v", err)
-		}
-	}()
 	recv := startCollecting(t, p.Receiver)
 
 	var published []outbox.Encodable

@@ -35,43 +35,22 @@ func TestReceiverHoldsAtMostMaxHeldBytes(t *testing.T) {
 		}
 	}
 	r := newReceiver(t, c, outboxkafka.ReceiverConfig{Topics: []string{topic}, MaxWait: 300 * time.Millisecond})
-	var held []outbox.Delivery
-	heldBytes := 0
-	receive := func() int {
-		ds, err := r.Receive(ctx, limit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, d := range ds {
-			m, err := d.Message()
-			if err != nil {
-				t.Fatal(err)
-			}
-			held, heldBytes = append(held, d), heldBytes+len(m.Body)
-		}
-		return len(ds)
-	}
+	var held outboxtest.Unsettled
 	// Receive until the receiver holds its fill (or everything), then until a Receive
 	// brings nothing more.
 	outboxtest.WaitFor(t, 60*time.Second, "the receiver to hand out its fill", func() bool {
-		receive()
-		return heldBytes >= outboxkafka.DefaultMaxHeldBytes-size || len(held) == n
+		held.Receive(t, r, limit)
+		return held.Bytes >= outboxkafka.DefaultMaxHeldBytes-size || len(held.Deliveries) == n
 	})
-	outboxtest.WaitFor(t, 60*time.Second, "a Receive that brings nothing more", func() bool { return receive() == 0 })
+	outboxtest.WaitFor(t, 60*time.Second, "a Receive that brings nothing more", func() bool { return held.Receive(t, r, limit) == 0 })
 	bound := outboxkafka.DefaultMaxHeldBytes + limit*size
 	t.Logf("the receiver handed out %d of %d records of %d KiB (%d MiB) without an ack; bound %d MiB",
-		len(held), n, size>>10, heldBytes>>20, bound>>20)
-	if heldBytes > bound {
-		t.Fatalf("the receiver handed out %d bytes not acknowledged, over DefaultMaxHeldBytes and one Receive (%d)", heldBytes, bound)
+		len(held.Deliveries), n, size>>10, held.Bytes>>20, bound>>20)
+	if held.Bytes > bound {
+		t.Fatalf("the receiver handed out %d bytes not acknowledged, over DefaultMaxHeldBytes and one Receive (%d)", held.Bytes, bound)
 	}
-	before := len(held)
-	for _, d := range held {
-		if err := d.Ack(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	outboxtest.WaitFor(t, 30*time.Second, "more records once those are acknowledged", func() bool { return receive() > 0 })
-	if len(held) == before {
-		t.Fatal("no record came after the acks")
-	}
+	before := len(held.Deliveries)
+	held.AckFrom(t, 0)
+	outboxtest.WaitFor(t, 30*time.Second, "more records once those are acknowledged", func() bool { return held.Receive(t, r, limit) > 0 })
+	held.AckFrom(t, before)
 }

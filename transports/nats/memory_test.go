@@ -33,42 +33,23 @@ func TestReceiverHoldsAtMostMaxHeldBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var held []outbox.Delivery
-	heldBytes := 0
-	receive := func() int {
-		ds, err := r.Receive(ctx, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, dl := range ds {
-			m, err := dl.Message()
-			if err != nil {
-				t.Fatal(err)
-			}
-			held, heldBytes = append(held, dl), heldBytes+len(m.Body)
-		}
-		return len(ds)
-	}
+	var held outboxtest.Unsettled
 	// Receive until a Receive brings nothing: all of them, or the cap.
-	outboxtest.WaitFor(t, 60*time.Second, "a Receive that brings nothing more", func() bool { return receive() == 0 })
+	outboxtest.WaitFor(t, 60*time.Second, "a Receive that brings nothing more", func() bool { return held.Receive(t, r, 10) == 0 })
 	t.Logf("the receiver handed out %d of %d messages of %d KiB (%d MiB) without an ack, cap %d MiB",
-		len(held), n, size>>10, heldBytes>>20, outboxnats.DefaultMaxHeldBytes>>20)
-	if heldBytes > outboxnats.DefaultMaxHeldBytes {
-		t.Fatalf("the receiver handed out %d bytes not acknowledged, over DefaultMaxHeldBytes (%d)", heldBytes, outboxnats.DefaultMaxHeldBytes)
+		len(held.Deliveries), n, size>>10, held.Bytes>>20, outboxnats.DefaultMaxHeldBytes>>20)
+	if held.Bytes > outboxnats.DefaultMaxHeldBytes {
+		t.Fatalf("the receiver handed out %d bytes not acknowledged, over DefaultMaxHeldBytes (%d)", held.Bytes, outboxnats.DefaultMaxHeldBytes)
 	}
-	before := len(held)
-	if err := held[0].Ack(ctx); err != nil {
+	before := len(held.Deliveries)
+	if err := held.Deliveries[0].Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
-	outboxtest.WaitFor(t, 30*time.Second, "the next message once one is acknowledged", func() bool { return receive() > 0 })
-	if len(held) != before+1 {
-		t.Errorf("after one ack, %d more message(s) came, want 1", len(held)-before)
+	outboxtest.WaitFor(t, 30*time.Second, "the next message once one is acknowledged", func() bool { return held.Receive(t, r, 10) > 0 })
+	if len(held.Deliveries) != before+1 {
+		t.Errorf("after one ack, %d more message(s) came, want 1", len(held.Deliveries)-before)
 	}
-	for _, dl := range held[1:] {
-		if err := dl.Ack(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	held.AckFrom(t, 1)
 }
 
 // TestReceiverTakesAMessageOverMaxHeldBytes: a message larger than MaxHeldBytes still

@@ -28,49 +28,28 @@ func TestReceiverHoldsAtMostMaxHeldBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var held []outbox.Delivery
-	heldBytes := 0
-	receive := func() {
-		ds, err := d.receiver.Receive(ctx, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, dl := range ds {
-			m, err := dl.Message()
-			if err != nil {
-				t.Fatal(err)
-			}
-			held, heldBytes = append(held, dl), heldBytes+len(m.Body)
-		}
-	}
+	var held outboxtest.Unsettled
 	// Everything the broker pushed is in hand once the messages still ready in the queue and
 	// those received add up to all of them.
-	pushedAll := func() bool {
-		receive()
-		return len(held) > 0 && queueDepth(t, d.admin, d.top.Queue)+len(held) == n
-	}
-	outboxtest.WaitFor(t, 30*time.Second, "the receiver to hold what the broker pushed", pushedAll)
+	outboxtest.WaitFor(t, 30*time.Second, "the receiver to hold what the broker pushed", func() bool {
+		held.Receive(t, d.receiver, 100)
+		return len(held.Deliveries) > 0 && queueDepth(t, d.admin, d.top.Queue)+len(held.Deliveries) == n
+	})
 	t.Logf("the receiver holds %d of %d messages of %d MiB (%d MiB), cap %d MiB",
-		len(held), n, size>>20, heldBytes>>20, outboxamqp.DefaultMaxHeldBytes>>20)
-	if heldBytes > outboxamqp.DefaultMaxHeldBytes {
-		t.Fatalf("the receiver holds %d bytes unacknowledged, over DefaultMaxHeldBytes (%d)", heldBytes, outboxamqp.DefaultMaxHeldBytes)
+		len(held.Deliveries), n, size>>20, held.Bytes>>20, outboxamqp.DefaultMaxHeldBytes>>20)
+	if held.Bytes > outboxamqp.DefaultMaxHeldBytes {
+		t.Fatalf("the receiver holds %d bytes unacknowledged, over DefaultMaxHeldBytes (%d)", held.Bytes, outboxamqp.DefaultMaxHeldBytes)
 	}
-	if len(held) == n {
+	if len(held.Deliveries) == n {
 		t.Fatalf("the broker pushed all %d messages", n)
 	}
-	before := len(held)
-	if err := held[0].Ack(ctx); err != nil {
+	if err := held.Deliveries[0].Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
 	outboxtest.WaitFor(t, 30*time.Second, "the next message once one is acknowledged", func() bool {
-		receive()
-		return len(held) > before
+		return held.Receive(t, d.receiver, 100) > 0
 	})
-	for _, dl := range held[1:] {
-		if err := dl.Ack(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	held.AckFrom(t, 1)
 }
 
 // TestReceiverConfigHeldBytes: the default Prefetch is what MaxHeldBytes allows at
