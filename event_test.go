@@ -60,7 +60,7 @@ func TestOptions(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	for attempt := 1; attempt < 40; attempt++ {
-		d := outbox.Backoff(attempt, time.Second, time.Minute)
+		d := backoff.Delay(attempt, time.Second, time.Minute)
 		want := min(time.Second<<min(attempt-1, 30), time.Minute)
 		if d < want/2 || d > want {
 			t.Fatalf("attempt %d: backoff %v outside [%v, %v]", attempt, d, want/2, want)
@@ -69,7 +69,7 @@ func TestBackoff(t *testing.T) {
 }
 
 func TestRelayConfigValidation(t *testing.T) {
-	_, err := outbox.NewRelay(nil, nil, &outbox.RelayConfig{BatchSize: -1, Lease: time.Second, SendTimeout: time.Second})
+	_, err := relay.New(nil, nil, &relay.Config{BatchSize: -1, Lease: time.Second, SendTimeout: time.Second})
 	if err == nil {
 		t.Fatal("invalid config accepted")
 	}

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/outbox"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // listStore is a Store over a slice, for the relay's own tests (the adapters' stores are
@@ -29,7 +29,7 @@ type listStore struct {
 	limits    []int
 	claimErr  error
 	validate  func() error
-	dead      []outbox.DeadLetter
+	dead      []outboxdriver.DeadLetter
 	completed int
 }
 
@@ -52,14 +52,14 @@ func newListStore(n int) *listStore {
 	return s
 }
 
-func (s *listStore) Claim(_ context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func (s *listStore) Claim(_ context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.claimErr != nil {
 		return nil, s.claimErr
 	}
 	s.limits = append(s.limits, p.Limit)
-	var out []outbox.Claimed
+	var out []outboxdriver.Claimed
 	for _, r := range s.rows {
 		if len(out) == p.Limit {
 			break
@@ -69,7 +69,7 @@ func (s *listStore) Claim(_ context.Context, p outbox.ClaimParams) ([]outbox.Cla
 		}
 		r.token = p.Token
 		r.attempts++
-		out = append(out, outbox.Claimed{Seq: r.seq, Attempts: r.attempts, Message: r.msg, FirstFailedAt: r.firstFail, Err: r.err})
+		out = append(out, outboxdriver.Claimed{Seq: r.seq, Attempts: r.attempts, Message: r.msg, FirstFailedAt: r.firstFail, Err: r.err})
 	}
 	return out, nil
 }
@@ -98,7 +98,7 @@ func (s *listStore) Complete(_ context.Context, token int64, seqs []int64) error
 	return nil
 }
 
-func (s *listStore) Retry(_ context.Context, token int64, rs []outbox.Retry) error {
+func (s *listStore) Retry(_ context.Context, token int64, rs []outboxdriver.Retry) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, rt := range rs {
@@ -112,7 +112,7 @@ func (s *listStore) Retry(_ context.Context, token int64, rs []outbox.Retry) err
 	return nil
 }
 
-func (s *listStore) DeadLetter(_ context.Context, token int64, dead []outbox.DeadLetter) ([]int64, error) {
+func (s *listStore) DeadLetter(_ context.Context, token int64, dead []outboxdriver.DeadLetter) ([]int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var moved []int64
@@ -140,7 +140,7 @@ func (s *listStore) Validate(context.Context) error {
 	return s.validate()
 }
 
-func (s *listStore) snapshot() (left, completed int, dead []outbox.DeadLetter, limits []int, attempts []int) {
+func (s *listStore) snapshot() (left, completed int, dead []outboxdriver.DeadLetter, limits []int, attempts []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, r := range s.rows {
@@ -169,10 +169,10 @@ func (s *switchableSender) Send(_ context.Context, msgs []outbox.Message) error 
 	return nil
 }
 
-func quickRelay(t *testing.T, store outbox.Store, sender outbox.Sender, cfg *outbox.RelayConfig) *outbox.Relay {
+func quickRelay(t *testing.T, store outboxdriver.Store, sender outbox.Sender, cfg *relay.Config) *relay.Relay {
 	t.Helper()
 	if cfg == nil {
-		cfg = &outbox.RelayConfig{}
+		cfg = &relay.Config{}
 	}
 	cfg.Name = "test"
 	cfg.MaxAttempts = max(cfg.MaxAttempts, 3)
@@ -180,7 +180,7 @@ func quickRelay(t *testing.T, store outbox.Store, sender outbox.Sender, cfg *out
 	cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Millisecond, 2*time.Millisecond
 	cfg.UnavailableBackoff, cfg.MaxUnavailableBackoff = time.Millisecond, 10*time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	r, err := outbox.NewRelay(store, sender, cfg)
+	r, err := relay.New(store, sender, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,9 +207,9 @@ func TestBrokerOutageSpendsNoAttempts(t *testing.T) {
 	sender.down.Store(true)
 	var (
 		mu      sync.Mutex
-		changes []outbox.RelayState
+		changes []relay.State
 	)
-	r := quickRelay(t, store, sender, &outbox.RelayConfig{BatchSize: 10, OnStateChange: func(_ context.Context, s outbox.RelayState) {
+	r := quickRelay(t, store, sender, &relay.Config{BatchSize: 10, OnStateChange: func(_ context.Context, s relay.State) {
 		mu.Lock()
 		defer mu.Unlock()
 		changes = append(changes, s)
@@ -264,7 +264,7 @@ func TestSendTimeoutIsTheBrokers(t *testing.T) {
 			return nil
 		}
 	})
-	r := quickRelay(t, store, sender, &outbox.RelayConfig{Lease: 2 * time.Second, SendTimeout: 50 * time.Millisecond})
+	r := quickRelay(t, store, sender, &relay.Config{Lease: 2 * time.Second, SendTimeout: 50 * time.Millisecond})
 	n, err := r.RunOnce(context.Background())
 	close(block)
 	if n != 3 || !errors.Is(err, outbox.ErrUnavailable) || !strings.Contains(err.Error(), "SendTimeout") {
@@ -284,7 +284,7 @@ func (f senderFunc) Send(ctx context.Context, msgs []outbox.Message) error { ret
 func TestMessageFailuresStillCount(t *testing.T) {
 	store := newListStore(2)
 	sender := senderFunc(func(context.Context, []outbox.Message) error { return errors.New("rejected: invalid attribute") })
-	r := quickRelay(t, store, sender, &outbox.RelayConfig{MaxAttempts: 3})
+	r := quickRelay(t, store, sender, &relay.Config{MaxAttempts: 3})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = r.Run(ctx) }()
@@ -303,7 +303,7 @@ func TestMessageFailuresStillCount(t *testing.T) {
 func TestMaxRetryTime(t *testing.T) {
 	store := newListStore(1)
 	sender := senderFunc(func(context.Context, []outbox.Message) error { return errors.New("rejected") })
-	r := quickRelay(t, store, sender, &outbox.RelayConfig{MaxAttempts: 1000, MaxRetryTime: 30 * time.Millisecond})
+	r := quickRelay(t, store, sender, &relay.Config{MaxAttempts: 1000, MaxRetryTime: 30 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = r.Run(ctx) }()
@@ -426,13 +426,13 @@ func TestMemoryQueueHookOutage(t *testing.T) {
 	store := newListStore(5)
 	var down atomic.Bool
 	down.Store(true)
-	q := outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error {
+	q := outboxmemory.New(&outboxmemory.Config{SendHook: func(outbox.Message) error {
 		if down.Load() {
 			return fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
 		}
 		return nil
 	}})
-	r := quickRelay(t, store, q, &outbox.RelayConfig{MaxAttempts: 3})
+	r := quickRelay(t, store, q, &relay.Config{MaxAttempts: 3})
 	for range 10 {
 		if _, err := r.RunOnce(context.Background()); !errors.Is(err, outbox.ErrUnavailable) {
 			t.Fatalf("RunOnce during the outage = %v, want ErrUnavailable", err)
@@ -460,7 +460,7 @@ func TestUnreadableRowHoldsItsKeyInTheClaim(t *testing.T) {
 		}
 		store.rows = append(store.rows, r)
 	}
-	q := outboxmem.New(nil)
+	q := outboxmemory.New(nil)
 	r := quickRelay(t, store, q, nil)
 	if _, err := r.RunOnce(context.Background()); err != nil {
 		t.Fatal(err)

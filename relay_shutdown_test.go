@@ -19,23 +19,23 @@ type slowClaimStore struct {
 	released []int64
 }
 
-func (s *slowClaimStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func (s *slowClaimStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	close(s.claiming)
 	<-s.proceed
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var out []outbox.Claimed
+	var out []outboxdriver.Claimed
 	for seq := int64(1); seq <= 2; seq++ {
 		m, _ := outbox.New(testPayload{}).Encode()
-		out = append(out, outbox.Claimed{Seq: seq, Attempts: 1, Message: m})
+		out = append(out, outboxdriver.Claimed{Seq: seq, Attempts: 1, Message: m})
 	}
 	return out, nil
 }
 
 func (s *slowClaimStore) Complete(context.Context, int64, []int64) error     { return nil }
-func (s *slowClaimStore) Retry(context.Context, int64, []outbox.Retry) error { return nil }
-func (s *slowClaimStore) DeadLetter(context.Context, int64, []outbox.DeadLetter) ([]int64, error) {
+func (s *slowClaimStore) Retry(context.Context, int64, []outboxdriver.Retry) error { return nil }
+func (s *slowClaimStore) DeadLetter(context.Context, int64, []outboxdriver.DeadLetter) ([]int64, error) {
 	return nil, nil
 }
 func (s *slowClaimStore) Release(_ context.Context, _ int64, seqs []int64) error {
@@ -63,7 +63,7 @@ func TestShutdownDuringClaimReleasesTheClaim(t *testing.T) {
 	t.Parallel()
 	store := &slowClaimStore{claiming: make(chan struct{}), proceed: make(chan struct{})}
 	sender := &noSender{}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,7 +150,7 @@ type Tables struct {
 // collection, not per event; operators' tools call it directly:
 //
 //	store, _ := outboxpgx.NewStore(pool)
-//	st, err := store.(outbox.StatsReader).Stats(ctx)
+//	st, err := store.(outboxdriver.StatsReader).Stats(ctx)
 type StatsReader interface {
 	Stats(ctx context.Context) (Stats, error)
 }

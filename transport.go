@@ -6,7 +6,7 @@ import (
 )
 
 // Sender delivers messages to a broker; the [Relay] calls it. Transports implement it
-// (outboxmem, outboxsqs, outboxazqueue, outboxnats).
+// (outboxmemory, outboxsqs, outboxazqueue, outboxnats).
 //
 // The relay never puts two messages with the same key in one call, and calls again for a key
 // only after the previous call returned, so a Sender may send a batch's messages in any order

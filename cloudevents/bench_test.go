@@ -1,4 +1,4 @@
-package outboxce
+package cloudevents
 
 import "testing"
 

@@ -1,4 +1,4 @@
-// Package outboxce is txoutbox's wire format: CloudEvents 1.0 in binary mode (attributes
+// Package cloudevents is txoutbox's wire format: CloudEvents 1.0 in binary mode (attributes
 // as broker headers, the payload as the body) for brokers with headers, and in structured
 // JSON mode for brokers without them. Every transport encodes and decodes through here, so a
 // consumer in any language reads our messages with its own CloudEvents SDK, a transport
@@ -44,7 +44,7 @@
 // A message that is not a valid event (no id, no type, a specversion other than 1.0, a
 // time that is not RFC 3339, undecodable data) fails with an [*outbox.MalformedError]
 // keeping what could be read; transports complete it with [Malformed].
-package outboxce
+package cloudevents
 
 import (
 	"bytes"
@@ -565,9 +565,9 @@ func structuredData(raw map[string]json.RawMessage, contentType string) ([]byte,
 // broker delivered it: its own message ID, every header or attribute and the body, before
 // any decoding. A transport decodes and reports like this:
 //
-//	m, err := outboxce.FromBinary(headers, body)
+//	m, err := cloudevents.FromBinary(headers, body)
 //	if err != nil {
-//		return outbox.Message{}, outboxce.Malformed(err, brokerID, headers, body)
+//		return outbox.Message{}, cloudevents.Malformed(err, brokerID, headers, body)
 //	}
 func Malformed(err error, brokerMessageID string, attributes map[string]string, body []byte) *outbox.MalformedError {
 	me := &outbox.MalformedError{BrokerMessageID: brokerMessageID, Attributes: attributes, Body: body, Err: err}

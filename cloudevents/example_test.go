@@ -1,16 +1,16 @@
-package outboxce_test
+package cloudevents_test
 
 import (
 	"fmt"
 
-	outboxce "github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 // A CloudEvent written by another producer (here as the JavaScript SDK's HTTP binding writes
 // it) with an id that is not a UUID: it gets a stable event ID, keeps its id, source and
 // subject in headers, and goes back out as the same CloudEvent.
 func ExampleFromBinary() {
-	m, err := outboxce.FromBinary(map[string]string{
+	m, err := cloudevents.FromBinary(map[string]string{
 		"content-type":    "application/json; charset=utf-8",
 		"ce-specversion":  "1.0",
 		"ce-id":           "order-42-created",
@@ -24,11 +24,11 @@ func ExampleFromBinary() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(m.ID, m.ID == outboxce.EventID("/shop/orders", "order-42-created"))
+	fmt.Println(m.ID, m.ID == cloudevents.EventID("/shop/orders", "order-42-created"))
 	fmt.Println(m.Type, m.Key, m.CreatedAt)
-	fmt.Println(m.Headers[outboxce.IDHeader], m.Headers[outboxce.SourceHeader], m.Headers[outboxce.SubjectHeader], m.Headers["retrycount"])
+	fmt.Println(m.Headers[cloudevents.IDHeader], m.Headers[cloudevents.SourceHeader], m.Headers[cloudevents.SubjectHeader], m.Headers["retrycount"])
 
-	h, err := outboxce.ToBinary(m, "/our-relay")
+	h, err := cloudevents.ToBinary(m, "/our-relay")
 	if err != nil {
 		panic(err)
 	}
@@ -44,8 +44,8 @@ func ExampleFromBinary() {
 func ExampleMalformed() {
 	headers := map[string]string{"ce-specversion": "1.0", "ce-type": "shop.order.created", "ce-partitionkey": "order-42"}
 	body := []byte(`{"order":42}`)
-	_, err := outboxce.FromBinary(headers, body)
-	me := outboxce.Malformed(err, "stream ORDERS seq 7", headers, body)
+	_, err := cloudevents.FromBinary(headers, body)
+	me := cloudevents.Malformed(err, "stream ORDERS seq 7", headers, body)
 	fmt.Println(me)
 	fmt.Println(me.Partial.Type, me.Partial.Key, string(me.Body))
 	// Output:

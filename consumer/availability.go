@@ -108,7 +108,7 @@ func (a *availability) admit() (proceed, probe bool, wait time.Duration, back <-
 func (a *availability) delay() time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return outbox.Backoff(max(a.failures, 1), a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff)
+	return backoff.Delay(max(a.failures, 1), a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff)
 }
 
 // failed records that a delivery of message id (probe: the probe) failed with err, an
@@ -130,7 +130,7 @@ func (a *availability) failed(ctx context.Context, id uuid.UUID, probe bool, err
 	a.err = err
 	if changed || probe {
 		a.failures++
-		a.probeAt = now.Add(outbox.Backoff(a.failures, a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff))
+		a.probeAt = now.Add(backoff.Delay(a.failures, a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff))
 	}
 	if probe {
 		a.probing = false
@@ -196,7 +196,7 @@ func (a *availability) inconclusive(probe bool) {
 	defer a.mu.Unlock()
 	a.probing = false
 	if !a.since.IsZero() {
-		a.probeAt = time.Now().Add(outbox.Backoff(max(a.failures, 1), a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff))
+		a.probeAt = time.Now().Add(backoff.Delay(max(a.failures, 1), a.c.cfg.UnavailableBackoff, a.c.cfg.MaxUnavailableBackoff))
 	}
 }
 

@@ -46,7 +46,7 @@
 // # Keys after a dead letter
 //
 // On a transport that delivers a key's messages in order (SQS FIFO, a JetStream consumer
-// with MaxAckPending 1, Kafka, a single-active-consumer RabbitMQ queue, outboxmem with
+// with MaxAckPending 1, Kafka, a single-active-consumer RabbitMQ queue, outboxmemory with
 // FIFO), the consumer handles a key's messages one at a time, in order. A dead letter
 // acknowledges its message, and by default the key's next message is then handled: the
 // key skips past the dead letter, and replaying it later handles it after the events that
@@ -59,7 +59,7 @@
 // ahead of it (see deadletter.KeyHolds for the exact rule). Discarding the entry that holds
 // the key releases it for the events that follow. The cost is one indexed query of the
 // dead-letter table per keyed delivery; the relay's dead letters (stage relay) are held by
-// the relay itself (outbox.RelayConfig.KeyPolicy). Unlike the relay, which keeps a held
+// the relay itself (relay.Config.KeyPolicy). Unlike the relay, which keeps a held
 // key's events in the outbox, the consumer cannot leave them in the broker (they would
 // block the key's queue, or the whole consumer, until someone acted), so HoldKeys is not
 // the default.
@@ -133,8 +133,8 @@ type Config struct {
 	// concerns (a tenant in the context, a timeout, extra logging). See [Middleware].
 	Middleware []Middleware
 	// OnDeadLetter, when set, is called once for each dead letter the consumer writes, after
-	// it is stored: to page someone without polling the table. See [outbox.DeadLettered].
-	OnDeadLetter func(ctx context.Context, d outbox.DeadLettered)
+	// it is stored: to page someone without polling the table. See [deadletter.Notice].
+	OnDeadLetter func(ctx context.Context, d deadletter.Notice)
 
 	// UnavailableBackoff is how long the consumer pauses once a delivery fails for reasons
 	// of what it depends on rather than of the message: a handler error that
@@ -422,7 +422,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				break
 			}
 			failures++
-			wait := outbox.Backoff(failures, 100*time.Millisecond, 10*time.Second)
+			wait := backoff.Delay(failures, 100*time.Millisecond, 10*time.Second)
 			c.obs.log.ErrorContext(ctx, "consumer: receive failed", "err", err, "retry_in", wait)
 			select {
 			case <-ctx.Done():
@@ -594,7 +594,7 @@ func (c *Consumer) handle(ctx context.Context, r received) {
 		c.avail.inconclusive(r.probe)
 		delay, ok := outbox.RetryDelay(err)
 		if !ok {
-			delay = outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
+			delay = backoff.Delay(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
 		}
 		c.obs.settled(ctx, m, dest, telemetry.Failed)
 		c.obs.retrying(ctx, m, attempt, delay, err)

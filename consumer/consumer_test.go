@@ -16,7 +16,7 @@ import (
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -51,15 +51,15 @@ func (q *memoryDLQ) all() []deadletter.Entry {
 }
 
 type harness struct {
-	q    *outboxmem.Queue
+	q    *outboxmemory.Queue
 	dlq  *memoryDLQ
 	c    *consumer.Consumer
 	stop func()
 }
 
-func newHarness(t *testing.T, qcfg *outboxmem.Config, cfg consumer.Config) *harness {
+func newHarness(t *testing.T, qcfg *outboxmemory.Config, cfg consumer.Config) *harness {
 	t.Helper()
-	h := &harness{q: outboxmem.New(qcfg), dlq: &memoryDLQ{}}
+	h := &harness{q: outboxmemory.New(qcfg), dlq: &memoryDLQ{}}
 	cfg.Name = "test"
 	cfg.DeadLetters = h.dlq
 	if cfg.RetryBackoff == 0 {
@@ -308,7 +308,7 @@ func TestShutdownFinishesInFlightAndNeverAcksUnfinished(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	_, err := consumer.New(outboxmem.New(nil), &consumer.Config{Concurrency: -1})
+	_, err := consumer.New(outboxmemory.New(nil), &consumer.Config{Concurrency: -1})
 	for _, want := range []string{"Name is required", "DeadLetters is required", "Concurrency"} {
 		if err == nil || !contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
@@ -358,7 +358,7 @@ func (d hangingDelivery) Ack(ctx context.Context) error {
 // TestAckTimeoutFreesTheKey: an Ack that never answers holds its slot and its key only for
 // AckTimeout; then the key's next event is handled.
 func TestAckTimeoutFreesTheKey(t *testing.T) {
-	q := outboxmem.New(nil)
+	q := outboxmemory.New(nil)
 	r := &hangingAck{Receiver: q}
 	c, err := consumer.New(r, &consumer.Config{
 		Name: "test", DeadLetters: &memoryDLQ{}, Concurrency: 1,
@@ -438,7 +438,7 @@ func (q *flakyDLQ) Add(ctx context.Context, e deadletter.Entry) error {
 // answers, it is stored once and acknowledged.
 func TestDeadLetterStoreDownIsRetried(t *testing.T) {
 	dlq := &flakyDLQ{fails: 3}
-	q := outboxmem.New(nil)
+	q := outboxmemory.New(nil)
 	c, err := consumer.New(q, &consumer.Config{Name: "test", DeadLetters: dlq, MaxAttempts: 1,
 		RetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
 	if err != nil {

@@ -63,7 +63,7 @@ func (c *Consumer) unknownType(ctx context.Context, r received, attempt int, des
 		}
 	case RetryUnknownTypes:
 		c.avail.inconclusive(r.probe)
-		delay := outbox.Backoff(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
+		delay := backoff.Delay(attempt, c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
 		c.obs.settled(ctx, other, dest, telemetry.NoHandler)
 		c.obs.logFailure(ctx, "consumer: no handler for the event type; will retry until one is registered (UnknownTypes is RetryUnknownTypes)",
 			m, attempt, fmt.Errorf("retry in %v", delay.Round(time.Millisecond)))

@@ -81,9 +81,9 @@ func TestOnDeadLetterOncePerDeadLetter(t *testing.T) {
 	t.Parallel()
 	var (
 		mu     sync.Mutex
-		hooked []outbox.DeadLettered
+		hooked []deadletter.Notice
 	)
-	h := newHarness(t, nil, consumer.Config{MaxAttempts: 2, OnDeadLetter: func(_ context.Context, d outbox.DeadLettered) {
+	h := newHarness(t, nil, consumer.Config{MaxAttempts: 2, OnDeadLetter: func(_ context.Context, d deadletter.Notice) {
 		mu.Lock()
 		defer mu.Unlock()
 		hooked = append(hooked, d)

@@ -13,7 +13,7 @@ import (
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // dependency stands for a database the handlers need: down, its calls fail with an error
@@ -128,7 +128,7 @@ func TestUnavailableDependencyPausesAndNeverDeadLetters(t *testing.T) {
 // deliveries as the outage lasts; once the table answers, it is stored once and acked.
 func TestDeadLetterTableDownPausesAndNeverAcks(t *testing.T) {
 	t.Parallel()
-	q := outboxmem.New(nil)
+	q := outboxmemory.New(nil)
 	dl := &switchedDLQ{}
 	dl.down.Store(true)
 	c, err := consumer.New(q, &consumer.Config{Name: "test", DeadLetters: dl, MaxAttempts: 1,
@@ -179,7 +179,7 @@ func TestUnknownTypePolicies(t *testing.T) {
 	for _, policy := range []consumer.UnknownTypePolicy{consumer.DeadLetterUnknownTypes, consumer.AcknowledgeUnknownTypes, consumer.RetryUnknownTypes} {
 		t.Run(policy.String(), func(t *testing.T) {
 			t.Parallel()
-			q := outboxmem.New(nil)
+			q := outboxmemory.New(nil)
 			r := &countingReceiver{Receiver: q, typ: "orders.unhandled"}
 			dlq := &memoryDLQ{}
 			c, err := consumer.New(r, &consumer.Config{Name: "test", DeadLetters: dlq, MaxAttempts: 2, UnknownTypes: policy,
@@ -233,7 +233,7 @@ func (r *countingReceiver) Receive(ctx context.Context, max int) ([]outbox.Deliv
 }
 
 // sendAndRun sends events to q, one by one in order, runs c, and returns its stop.
-func sendAndRun(t *testing.T, q *outboxmem.Queue, c *consumer.Consumer, events ...outbox.Encodable) (stop func()) {
+func sendAndRun(t *testing.T, q *outboxmemory.Queue, c *consumer.Consumer, events ...outbox.Encodable) (stop func()) {
 	t.Helper()
 	for _, e := range events {
 		m, err := e.Encode()

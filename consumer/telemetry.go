@@ -207,7 +207,7 @@ func (t *consumerTelemetry) deadLettered(ctx context.Context, e deadletter.Entry
 		t.settledSets.Add(ctx, t.inst.Consumed, 1, telemetry.Key{A: typ, B: dest, D: telemetry.DeadLettered})
 	}
 	if t.cfg.OnDeadLetter != nil {
-		t.cfg.OnDeadLetter(ctx, outbox.DeadLettered{Message: m, Stage: string(deadletter.StageConsumer),
+		t.cfg.OnDeadLetter(ctx, deadletter.Notice{Message: m, Stage: string(deadletter.StageConsumer),
 			Kind: string(e.Kind), Consumer: t.cfg.Name, Reason: e.Reason, Attempts: e.Attempts, Destination: dest})
 	}
 }

@@ -34,7 +34,7 @@ var imports = map[string]string{
 	"consumer":      "github.com/txoutbox/outbox/consumer",
 	"deadletter":    "github.com/txoutbox/outbox/deadletter",
 	"idempotency":   "github.com/txoutbox/outbox/idempotency",
-	"outboxmem":     "github.com/txoutbox/outbox/transports/memory",
+	"outboxmemory":     "github.com/txoutbox/outbox/transports/memory",
 	"outboxpgx":     "github.com/txoutbox/outbox/adapters/pgx",
 	"outboxgorm":    "github.com/txoutbox/outbox/adapters/gorm",
 	"outboxbun":     "github.com/txoutbox/outbox/adapters/bun",

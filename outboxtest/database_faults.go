@@ -9,7 +9,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // exerciseDatabaseFaults runs the store side of "a missing schema and a database that is down are
@@ -30,13 +30,13 @@ func exerciseDatabaseFaults(t *testing.T, newFixture func(t *testing.T) *StoreFi
 			t.Fatal(err)
 		}
 		expectSchemaError(t, "Publish", f.Publish(ctx, true, outbox.New(Note{Text: "nowhere"}, outbox.WithKey("k"))))
-		_, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute})
+		_, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute})
 		expectSchemaError(t, "Claim", err)
 		expectSchemaError(t, "Complete", f.Store.Complete(ctx, 1, []int64{1}))
-		if v, ok := f.Store.(outbox.Validator); ok {
+		if v, ok := f.Store.(outboxdriver.Validator); ok {
 			expectSchemaError(t, "Validate", v.Validate(ctx))
 		} else {
-			t.Error("the store is not an outbox.Validator: Relay.Run cannot check its schema first")
+			t.Error("the store is not an outboxdriver.Validator: Relay.Run cannot check its schema first")
 		}
 		_, err = f.DeadLetterTable.List(ctx, deadletter.Filter{})
 		expectSchemaError(t, "DeadLetterTable.List", err)
@@ -51,9 +51,9 @@ func exerciseDatabaseFaults(t *testing.T, newFixture func(t *testing.T) *StoreFi
 		f := newFixture(t)
 		needSQL(t, f.SQL)
 		f.SQL.exec(t, "ALTER TABLE "+f.SQL.Outbox+" RENAME COLUMN first_failed_at TO first_failed_at_old")
-		_, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute})
+		_, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute})
 		expectSchemaError(t, "Claim", err)
-		if v, ok := f.Store.(outbox.Validator); ok {
+		if v, ok := f.Store.(outboxdriver.Validator); ok {
 			expectSchemaError(t, "Validate", v.Validate(ctx))
 		}
 		expectRunFails(t, f)
@@ -71,7 +71,7 @@ func exerciseDatabaseFaults(t *testing.T, newFixture func(t *testing.T) *StoreFi
 		}
 		mustPublish(t, f, true, outbox.New(Note{Text: "waits"}, outbox.WithKey("k")))
 		err := f.SQL.dropUnderLock(t, "the claim", func() error {
-			_, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute})
+			_, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute})
 			return err
 		})
 		if !outbox.IsUnavailable(err) {
@@ -122,6 +122,6 @@ func expectRunFails(t *testing.T, f *StoreFixture) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := newRelay(t, f.Store, outboxmem.New(nil), fastRelay("unmigrated", 10))
+	r := newRelay(t, f.Store, outboxmemory.New(nil), fastRelay("unmigrated", 10))
 	expectSchemaError(t, "Relay.Run", r.Run(ctx))
 }

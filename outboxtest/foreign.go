@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
-	outboxce "github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 // ForeignMessage is a broker message written by another CloudEvents producer.
@@ -37,7 +37,7 @@ func (m ForeignMessage) Structured() bool {
 		return false
 	}
 	for k, v := range m.Headers {
-		return strings.EqualFold(k, outboxce.ContentTypeHeader) && strings.HasPrefix(strings.ToLower(v), outboxce.StructuredContentType)
+		return strings.EqualFold(k, cloudevents.ContentTypeHeader) && strings.HasPrefix(strings.ToLower(v), cloudevents.StructuredContentType)
 	}
 	return false
 }
@@ -80,9 +80,9 @@ type foreignOrder struct {
 func (foreignOrder) EventType() string { return "shop.order.created" }
 
 // derivedID is the documented event ID of a CloudEvent whose id is not a UUID, spelled out
-// here rather than through outboxce.EventID so the test pins the formula.
+// here rather than through cloudevents.EventID so the test pins the formula.
 func derivedID(source, id string) uuid.UUID {
-	return uuid.NewSHA1(outboxce.IDNamespace, []byte(source+"\x00"+id))
+	return uuid.NewSHA1(cloudevents.IDNamespace, []byte(source+"\x00"+id))
 }
 
 // foreignWants maps each golden message to the message a consumer must get from it.
@@ -92,15 +92,15 @@ var foreignWants = func() map[string]outbox.Message {
 	const jsonUTF8 = "application/json; charset=utf-8"
 	order := func(id uuid.UUID, ct string, extra map[string]string) outbox.Message {
 		h := map[string]string{
-			outboxce.SubjectHeader:    "order-42",
-			outboxce.DataSchemaHeader: "https://shop.example/schemas/order-created.json",
+			cloudevents.SubjectHeader:    "order-42",
+			cloudevents.DataSchemaHeader: "https://shop.example/schemas/order-created.json",
 		}
 		maps.Copy(h, extra)
 		return outbox.Message{ID: id, Type: "shop.order.created", Key: "order-42", Headers: h, ContentType: ct,
 			Body: []byte(`{"order":42,"note":"crème brûlée"}`), CreatedAt: at}
 	}
 	stringID := func(source, ct string) outbox.Message {
-		return order(derivedID(source, "order-42-created"), ct, map[string]string{outboxce.IDHeader: "order-42-created", outboxce.SourceHeader: source})
+		return order(derivedID(source, "order-42-created"), ct, map[string]string{cloudevents.IDHeader: "order-42-created", cloudevents.SourceHeader: source})
 	}
 	typed := map[string]string{"retrycount": "3", "urgent": "true"}
 	bare := order(id(6), jsonUTF8, map[string]string{

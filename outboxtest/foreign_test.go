@@ -16,7 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/txoutbox/outbox"
-	outboxce "github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 // TestForeignMessagesDecode reads every message of the official CloudEvents JavaScript SDK
@@ -32,7 +32,7 @@ func TestForeignMessagesDecode(t *testing.T) {
 	for _, fm := range msgs {
 		t.Run(fm.Name, func(t *testing.T) {
 			t.Parallel()
-			m, err := outboxce.FromBinary(fm.Headers, fm.Body)
+			m, err := cloudevents.FromBinary(fm.Headers, fm.Body)
 			if err != nil {
 				t.Fatalf("FromBinary: %v", err)
 			}
@@ -40,7 +40,7 @@ func TestForeignMessagesDecode(t *testing.T) {
 				t.Error(err)
 			}
 			if fm.Structured() {
-				s, err := outboxce.FromStructured(fm.Body)
+				s, err := cloudevents.FromStructured(fm.Body)
 				if err != nil {
 					t.Fatalf("FromStructured: %v", err)
 				}
@@ -51,18 +51,18 @@ func TestForeignMessagesDecode(t *testing.T) {
 			// Written, an absent content type becomes JSON, what it meant.
 			want := m
 			want.ContentType = cmp.Or(m.ContentType, "application/json")
-			h, err := outboxce.ToBinary(m, "/elsewhere")
+			h, err := cloudevents.ToBinary(m, "/elsewhere")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if again, err := outboxce.FromBinary(h, m.Body); err != nil || !reflect.DeepEqual(again, want) {
+			if again, err := cloudevents.FromBinary(h, m.Body); err != nil || !reflect.DeepEqual(again, want) {
 				t.Errorf("binary mode, written and read again:\n got %+v, %v\nwant %+v", again, err, want)
 			}
-			doc, err := outboxce.ToStructured(m, "/elsewhere")
+			doc, err := cloudevents.ToStructured(m, "/elsewhere")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if again, err := outboxce.FromStructured(doc); err != nil || !reflect.DeepEqual(again, want) {
+			if again, err := cloudevents.FromStructured(doc); err != nil || !reflect.DeepEqual(again, want) {
 				t.Errorf("structured mode, written and read again:\n got %+v, %v\nwant %+v", again, err, want)
 			}
 		})
@@ -114,7 +114,7 @@ func TestJavaScriptSDKReadsOurMessages(t *testing.T) {
 	msgs := []outbox.Message{own, blob}
 	for _, fm := range ForeignMessages() {
 		if fm.Name == "http-binary-string-id" || fm.Name == "http-structured-typed-extensions" {
-			m, err := outboxce.FromBinary(fm.Headers, fm.Body)
+			m, err := cloudevents.FromBinary(fm.Headers, fm.Body)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +128,7 @@ func TestJavaScriptSDKReadsOurMessages(t *testing.T) {
 	}
 	var in []wire
 	for _, m := range msgs {
-		h, err := outboxce.ToBinary(m, "/txoutbox-test")
+		h, err := cloudevents.ToBinary(m, "/txoutbox-test")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,12 +139,12 @@ func TestJavaScriptSDKReadsOurMessages(t *testing.T) {
 			b64 := base64.StdEncoding.EncodeToString(m.Body)
 			in = append(in, wire{Headers: h, BodyBase64: &b64})
 		}
-		doc, err := outboxce.ToStructured(m, "/txoutbox-test")
+		doc, err := cloudevents.ToStructured(m, "/txoutbox-test")
 		if err != nil {
 			t.Fatal(err)
 		}
 		text := string(doc)
-		in = append(in, wire{Headers: map[string]string{"content-type": outboxce.StructuredContentType}, Body: &text})
+		in = append(in, wire{Headers: map[string]string{"content-type": cloudevents.StructuredContentType}, Body: &text})
 	}
 	input, _ := json.Marshal(in)
 	cmd := exec.Command("node", filepath.Join(services, "read-cloudevents.mjs"))
@@ -168,10 +168,10 @@ func TestJavaScriptSDKReadsOurMessages(t *testing.T) {
 			t.Errorf("%s mode, message %s: the SDK refused it: %s", mode, m.ID, r.Error)
 			continue
 		}
-		h, _ := outboxce.ToBinary(m, "/txoutbox-test")
+		h, _ := cloudevents.ToBinary(m, "/txoutbox-test")
 		for k, v := range h {
-			name, ok := strings.CutPrefix(k, outboxce.HeaderPrefix)
-			if k == outboxce.ContentTypeHeader {
+			name, ok := strings.CutPrefix(k, cloudevents.HeaderPrefix)
+			if k == cloudevents.ContentTypeHeader {
 				name, ok = "datacontenttype", true
 			}
 			if got := fmt.Sprint(r.Attributes[name]); ok && name != "time" && got != v {
@@ -185,7 +185,7 @@ func TestJavaScriptSDKReadsOurMessages(t *testing.T) {
 			t.Errorf("%s mode, message %s: the SDK read time %v, want %v", mode, m.ID, r.Attributes["time"], m.CreatedAt)
 		}
 		switch {
-		case outboxce.IsJSON(m.ContentType):
+		case cloudevents.IsJSON(m.ContentType):
 			// In binary mode the SDK parses application/json only: other +json data stays text.
 			var text string
 			if json.Unmarshal(r.Data, &text) == nil && mode == "binary" {

@@ -16,7 +16,7 @@ import (
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/idempotency"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // exerciseGroupCommit runs the cases that only group commit has: many events at once, a
@@ -34,7 +34,7 @@ func exerciseGroupCommit[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 			t.Parallel()
 			const events, copies = 150, 3
 			f := newFixture(t)
-			q := outboxmem.New(nil)
+			q := outboxmemory.New(nil)
 			want := map[string]int{}
 			for i := range events {
 				var opts []outbox.Option
@@ -63,7 +63,7 @@ func exerciseGroupCommit[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 		t.Parallel()
 		const events, poisonN = 100, 50
 		f := newFixture(t)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		msgs := make([]outbox.Message, events)
 		want := map[string]int{}
 		for i := range msgs {
@@ -198,7 +198,7 @@ func exerciseGroupCommit[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 
 // runGroupConsumer runs a consumer with Concurrency 16 and the grouped handler h until q is
 // drained, then stops it.
-func runGroupConsumer[TTx any](t *testing.T, f *IdempotencyFixture[TTx], q *outboxmem.Queue, h consumer.Handler[Note]) {
+func runGroupConsumer[TTx any](t *testing.T, f *IdempotencyFixture[TTx], q *outboxmemory.Queue, h consumer.Handler[Note]) {
 	t.Helper()
 	c, err := consumer.New(q, &consumer.Config{Name: "grouped", DeadLetters: f.DeadLetters,
 		Concurrency: 16, BatchSize: 16, MaxAttempts: 3, RetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond,

@@ -14,7 +14,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // exerciseHeldKeys runs the store side of "a dead-lettered keyed event holds its key": under
@@ -25,7 +25,7 @@ import (
 func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 	ctx := context.Background()
 
-	setup := func(t *testing.T, policy outbox.KeyPolicy) *heldKey {
+	setup := func(t *testing.T, policy relay.KeyPolicy) *heldKey {
 		t.Helper()
 		h := &heldKey{f: newFixture(t), fixed: &atomic.Bool{}}
 		for i := range 3 {
@@ -34,7 +34,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		h.flowing = []outbox.Event[Note]{outbox.New(Note{Text: "other"}, outbox.WithKey("other")), outbox.New(Note{Text: "keyless"})}
 		mustPublish(t, h.f, true, h.k[0], h.k[1], h.k[2], h.flowing[0], h.flowing[1])
 		first := h.k[0].ID
-		h.q = outboxmem.New(&outboxmem.Config{SendHook: func(m outbox.Message) error {
+		h.q = outboxmemory.New(&outboxmemory.Config{SendHook: func(m outbox.Message) error {
 			if m.ID == first && !h.fixed.Load() {
 				return outbox.Permanent(errors.New("rejected until fixed"))
 			}
@@ -67,7 +67,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 	}
 	heldKeys := func(t *testing.T, f *StoreFixture) int64 {
 		t.Helper()
-		sr, ok := f.Store.(outbox.StatsReader)
+		sr, ok := f.Store.(outboxdriver.StatsReader)
 		if !ok {
 			return -1
 		}
@@ -80,7 +80,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 
 	t.Run("HeldKeyWaitsForItsDeadLetter", func(t *testing.T) {
 		t.Parallel()
-		h := setup(t, outbox.HoldKey)
+		h := setup(t, relay.HoldKey)
 		later := outbox.New(Note{Text: "k", N: 4}, outbox.WithKey("k")) // published after the hold
 		mustPublish(t, h.f, true, later)
 		idle(t, h)
@@ -101,7 +101,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 
 	t.Run("ReplayOfAHeldKeyGoesFirst", func(t *testing.T) {
 		t.Parallel()
-		h := setup(t, outbox.HoldKey)
+		h := setup(t, relay.HoldKey)
 		h.fixed.Store(true)
 		if err := h.f.DeadLetterTable.Replay(ctx, h.entry.ID); err != nil {
 			t.Fatal(err)
@@ -131,7 +131,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 
 	t.Run("ReplayedHeldEventStartsItsRetriesAfresh", func(t *testing.T) {
 		t.Parallel()
-		h := setup(t, outbox.HoldKey)
+		h := setup(t, relay.HoldKey)
 		if err := h.f.DeadLetterTable.Replay(ctx, h.entry.ID); err != nil { // not fixed: fails again
 			t.Fatal(err)
 		}
@@ -157,7 +157,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 
 	t.Run("DiscardOfAHeldKeyMovesItOn", func(t *testing.T) {
 		t.Parallel()
-		h := setup(t, outbox.HoldKey)
+		h := setup(t, relay.HoldKey)
 		if err := h.f.DeadLetterTable.Discard(ctx, h.entry.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 
 	t.Run("SkipKeyLetsLaterEventsPass", func(t *testing.T) {
 		t.Parallel()
-		h := setup(t, outbox.SkipKey)
+		h := setup(t, relay.SkipKey)
 		h.drain(t)
 		if got := h.keyOrder("k"); !sameIDs(got, h.k[1:]) {
 			t.Fatalf("key k delivered as %v, want %v", got, eventIDs(h.k[1:]))
@@ -231,7 +231,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		}
 		mustPublish(t, f, true, events...)
 		var fixed atomic.Bool
-		q := outboxmem.New(&outboxmem.Config{SendHook: func(m outbox.Message) error {
+		q := outboxmemory.New(&outboxmemory.Config{SendHook: func(m outbox.Message) error {
 			if poison[m.ID] && !fixed.Load() {
 				return outbox.Permanent(errors.New("rejected until fixed"))
 			}
@@ -273,9 +273,9 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		x := outbox.New(Note{N: 1}, outbox.WithKey("k"))
 		y := outbox.New(Note{N: 2}, outbox.WithKey("k"))
 		mustPublish(t, f, true, x, y)
-		claim := func(token int64, limit int, lease time.Duration) []outbox.Claimed {
+		claim := func(token int64, limit int, lease time.Duration) []outboxdriver.Claimed {
 			t.Helper()
-			c, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: token, Limit: limit, Lease: lease})
+			c, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: token, Limit: limit, Lease: lease})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -285,7 +285,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		if len(first) != 1 || first[0].Message.ID != x.ID {
 			t.Fatalf("first claim: %+v", first)
 		}
-		var second []outbox.Claimed
+		var second []outboxdriver.Claimed
 		WaitFor(t, 10*time.Second, "the expired lease to be reclaimed", func() bool {
 			second = claim(22, 10, time.Minute)
 			return len(second) > 0
@@ -293,7 +293,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		if second[0].Message.ID != x.ID {
 			t.Fatalf("the reclaim took %v first, want the key's first event", second[0].Message.ID)
 		}
-		hold := []outbox.DeadLetter{{Seq: first[0].Seq, Kind: string(deadletter.KindPermanent), Reason: "stale", HoldKey: true}}
+		hold := []outboxdriver.DeadLetter{{Seq: first[0].Seq, Kind: string(deadletter.KindPermanent), Reason: "stale", HoldKey: true}}
 		if moved, err := f.Store.DeadLetter(ctx, 11, hold); err != nil || len(moved) != 0 {
 			t.Fatalf("a stale DeadLetter with HoldKey moved %v (%v), want nothing", moved, err)
 		}
@@ -341,7 +341,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		a2 := outbox.New(Note{Text: "a2"}, outbox.WithKey("a"))
 		mustPublish(t, f, true, a1, a2)
 		f.SQL.exec(t, "UPDATE "+f.SQL.Outbox+" SET "+spoil+" WHERE id = '"+a2.ID.String()+"'")
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		r := newRelay(t, f.Store, q, fastRelay("unreadable", 10))
 		var dl []deadletter.Entry
 		WaitFor(t, 30*time.Second, "the unreadable row to be dead-lettered", func() bool {
@@ -391,7 +391,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 			t.Fatalf("a message never sent has FirstFailedAt %v", c.FirstFailedAt)
 		}
 		before := time.Now()
-		if err := f.Store.Retry(ctx, 1, []outbox.Retry{{Seq: c.Seq, Error: "first failure"}}); err != nil {
+		if err := f.Store.Retry(ctx, 1, []outboxdriver.Retry{{Seq: c.Seq, Error: "first failure"}}); err != nil {
 			t.Fatal(err)
 		}
 		c = mustClaim(t, f, 2)
@@ -400,7 +400,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		if first.IsZero() || first.Before(before.Add(-time.Minute)) || first.After(time.Now().Add(time.Minute)) {
 			t.Fatalf("after a failure FirstFailedAt is %v, want about %v", first, before)
 		}
-		if err := f.Store.Retry(ctx, 2, []outbox.Retry{{Seq: c.Seq, Error: "second failure"}}); err != nil {
+		if err := f.Store.Retry(ctx, 2, []outboxdriver.Retry{{Seq: c.Seq, Error: "second failure"}}); err != nil {
 			t.Fatal(err)
 		}
 		if c = mustClaim(t, f, 3); !c.FirstFailedAt.Equal(first) {
@@ -413,7 +413,7 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 		f := newFixture(t)
 		e := outbox.New(Note{Text: "keeps failing"})
 		mustPublish(t, f, true, e)
-		q := outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error { return errors.New("refused, for now") }})
+		q := outboxmemory.New(&outboxmemory.Config{SendHook: func(outbox.Message) error { return errors.New("refused, for now") }})
 		cfg := fastRelay("budget", 1_000_000) // attempts would never run out
 		cfg.MaxRetryTime = 300 * time.Millisecond
 		r := newRelay(t, f.Store, q, cfg)
@@ -435,8 +435,8 @@ func exerciseHeldKeys(t *testing.T, newFixture func(t *testing.T) *StoreFixture)
 // were delivered and the first was dead-lettered.
 type heldKey struct {
 	f       *StoreFixture
-	q       *outboxmem.Queue
-	r       *outbox.Relay
+	q       *outboxmemory.Queue
+	r       *relay.Relay
 	fixed   *atomic.Bool
 	k       []outbox.Event[Note] // k[0] fails until fixed
 	entry   deadletter.Entry     // k[0]'s dead letter
@@ -531,12 +531,12 @@ func mustEncode(t testing.TB, e outbox.Encodable) outbox.Message {
 }
 
 // mustClaim claims the outbox's one message with token, waiting for it to be due.
-func mustClaim(t *testing.T, f *StoreFixture, token int64) outbox.Claimed {
+func mustClaim(t *testing.T, f *StoreFixture, token int64) outboxdriver.Claimed {
 	t.Helper()
-	var got []outbox.Claimed
+	var got []outboxdriver.Claimed
 	WaitFor(t, 10*time.Second, "the message to be claimable", func() bool {
 		var err error
-		got, err = f.Store.Claim(context.Background(), outbox.ClaimParams{Owner: "t", Token: token, Limit: 10, Lease: time.Minute})
+		got, err = f.Store.Claim(context.Background(), outboxdriver.ClaimParams{Owner: "t", Token: token, Limit: 10, Lease: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

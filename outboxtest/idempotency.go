@@ -18,7 +18,7 @@ import (
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/idempotency"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // IdempotencyFixture is one fresh outbox (with its inbox and dead-letter table) of the
@@ -27,7 +27,7 @@ import (
 // table names.
 type IdempotencyFixture[TTx any] struct {
 	// Store is the relay store of the outbox (replayed dead letters come back through it).
-	Store outbox.Store
+	Store outboxdriver.Store
 	// DeadLetters is the adapter's NewDeadLetters.
 	DeadLetters deadletter.Table
 	// Inbox is the adapter's NewInbox.
@@ -160,7 +160,7 @@ func exerciseExactlyOnce[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 	t.Run("FiveDeliveriesOneEffect", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		msg, _ := outbox.New(Note{Text: "pay"}).Encode()
 		for range 5 { // the broker delivers the same event five times
 			if err := q.Send(ctx, []outbox.Message{msg}); err != nil {
@@ -174,7 +174,7 @@ func exerciseExactlyOnce[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 	t.Run("CrashBetweenCommitAndAck", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
-		q := outboxmem.New(&outboxmem.Config{VisibilityTimeout: 200 * time.Millisecond})
+		q := outboxmemory.New(&outboxmemory.Config{VisibilityTimeout: 200 * time.Millisecond})
 		msg, _ := outbox.New(Note{Text: "ship"}).Encode()
 		if err := q.Send(ctx, []outbox.Message{msg}); err != nil {
 			t.Fatal(err)
@@ -191,7 +191,7 @@ func exerciseExactlyOnce[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 	t.Run("FailedAttemptsLeaveNoEffect", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		msg, _ := outbox.New(Note{Text: "flaky"}).Encode()
 		if err := q.Send(ctx, []outbox.Message{msg}); err != nil {
 			t.Fatal(err)
@@ -213,7 +213,7 @@ func exerciseExactlyOnce[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 
 func deadLetterListReplayDiscard[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) {
 	ctx := context.Background()
-	q := outboxmem.New(nil)
+	q := outboxmemory.New(nil)
 	broken := true
 	var mu sync.Mutex
 	h := f.Idempotent(effectOf(f, func(e outbox.Event[Note]) error {
@@ -270,7 +270,7 @@ func deadLetterListReplayDiscard[TTx any](t *testing.T, f *IdempotencyFixture[TT
 	if err := f.DeadLetters.Replay(ctx, p.ID); !errors.Is(err, deadletter.ErrNotPending) {
 		t.Fatalf("second replay: %v, want ErrNotPending", err)
 	}
-	relay, err := outbox.NewRelay(f.Store, q, nil)
+	relay, err := relay.New(f.Store, q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

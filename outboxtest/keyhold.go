@@ -12,7 +12,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // keyHoldRig is a consumer with HoldKeys over an ordered in-memory queue, fed by a relay
@@ -20,7 +20,7 @@ import (
 type keyHoldRig[TTx any] struct {
 	t *testing.T
 	f *IdempotencyFixture[TTx]
-	q *outboxmem.Queue
+	q *outboxmemory.Queue
 	h consumer.Handler[Note]
 
 	mu      sync.Mutex
@@ -29,7 +29,7 @@ type keyHoldRig[TTx any] struct {
 }
 
 func newKeyHoldRig[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) *keyHoldRig[TTx] {
-	r := &keyHoldRig[TTx]{t: t, f: f, q: outboxmem.New(&outboxmem.Config{FIFO: true}), broken: true}
+	r := &keyHoldRig[TTx]{t: t, f: f, q: outboxmemory.New(&outboxmemory.Config{FIFO: true}), broken: true}
 	r.h = f.Idempotent(effectOf(f, func(e outbox.Event[Note]) error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -55,7 +55,7 @@ func (r *keyHoldRig[TTx]) publish(events ...outbox.Encodable) {
 // relay sends what the outbox holds to the queue.
 func (r *keyHoldRig[TTx]) relay() {
 	r.t.Helper()
-	relay, err := outbox.NewRelay(r.f.Store, r.q, nil)
+	relay, err := relay.New(r.f.Store, r.q, nil)
 	if err != nil {
 		r.t.Fatal(err)
 	}

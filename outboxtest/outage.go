@@ -11,14 +11,14 @@ import (
 	"time"
 
 	"github.com/txoutbox/outbox"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // Broker is an in-memory broker that can be taken down: while down, every send fails as a
 // stopped broker's would (connection refused, marked [outbox.Unavailable]). Tests of what an
-// outage does to a relay use it in front of an [outboxmem.Queue].
+// outage does to a relay use it in front of an [outboxmemory.Queue].
 type Broker struct {
-	*outboxmem.Queue
+	*outboxmemory.Queue
 	down    atomic.Bool
 	refused atomic.Int64
 	// reject, when set, fails the messages it returns an error for while the broker is up,
@@ -28,9 +28,9 @@ type Broker struct {
 
 // NewBroker returns a broker that is up, over a new queue with cfg (its SendHook is
 // replaced).
-func NewBroker(cfg *outboxmem.Config) *Broker {
+func NewBroker(cfg *outboxmemory.Config) *Broker {
 	b := &Broker{}
-	c := outboxmem.Config{}
+	c := outboxmemory.Config{}
 	if cfg != nil {
 		c = *cfg
 	}
@@ -44,7 +44,7 @@ func NewBroker(cfg *outboxmem.Config) *Broker {
 		}
 		return nil
 	}
-	b.Queue = outboxmem.New(&c)
+	b.Queue = outboxmemory.New(&c)
 	return b
 }
 
@@ -66,7 +66,7 @@ func (b *Broker) Refused() int64 { return b.refused.Load() }
 // outageRelay is a relay config whose retry horizon — how long a message failing on its
 // own lasts before it is dead-lettered — is MaxAttempts × MaxRetryBackoff = 100ms, and
 // which probes an unavailable broker every 20ms at most.
-func outageRelay(name string) *outbox.RelayConfig {
+func outageRelay(name string) *relay.Config {
 	cfg := fastRelay(name, 5)
 	cfg.RetryBackoff, cfg.MaxRetryBackoff = 5*time.Millisecond, 20*time.Millisecond
 	cfg.UnavailableBackoff, cfg.MaxUnavailableBackoff = 5*time.Millisecond, 20*time.Millisecond
@@ -77,13 +77,13 @@ const outageHorizon = 5 * 20 * time.Millisecond // outageRelay's MaxAttempts × 
 
 // relayGroup runs relays until stopped.
 type relayGroup struct {
-	relays []*outbox.Relay
+	relays []*relay.Relay
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	errs   chan error
 }
 
-func startRelays(t testing.TB, store outbox.Store, sender outbox.Sender, n int, cfg *outbox.RelayConfig) *relayGroup {
+func startRelays(t testing.TB, store outboxdriver.Store, sender outbox.Sender, n int, cfg *relay.Config) *relayGroup {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &relayGroup{cancel: cancel, errs: make(chan error, n)}

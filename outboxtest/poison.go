@@ -17,7 +17,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // RawSQL reaches an adapter's tables with raw SQL, as a producer, a trigger or a person
@@ -157,7 +157,7 @@ func exercisePoisonStore(t *testing.T, newFixture func(t *testing.T) *StoreFixtu
 		odd := outbox.New(Note{Text: "ünïcödé"}, outbox.WithKey("a key with spaces · ü"),
 			outbox.WithHeader("x-tab", "a\tb"), outbox.WithHeader("x-ü", "€"))
 		mustPublish(t, f, true, odd)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		drain(t, f.Store, q, 1)
 		want, _ := odd.Encode()
 		if err := SameMessage(q.Sent()[0], want); err != nil {
@@ -221,7 +221,7 @@ func exercisePoisonStore(t *testing.T, newFixture func(t *testing.T) *StoreFixtu
 			}
 		}
 
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		// SkipKey: the row is dead-lettered alone and its key's later events go on
 		// (UnreadableRowHoldsItsKey is the default's test).
 		r := newRelay(t, f.Store, q, skipKey(fastRelay("unreadable", 10)))
@@ -281,7 +281,7 @@ func exercisePoisonStore(t *testing.T, newFixture func(t *testing.T) *StoreFixtu
 		mustPublish(t, f, true, retried, large, gaveUp)
 		var mu sync.Mutex
 		calls := map[uuid.UUID]int{}
-		q := outboxmem.New(&outboxmem.Config{SendHook: func(m outbox.Message) error {
+		q := outboxmemory.New(&outboxmemory.Config{SendHook: func(m outbox.Message) error {
 			mu.Lock()
 			defer mu.Unlock()
 			calls[m.ID]++
@@ -336,7 +336,7 @@ func exercisePoisonStore(t *testing.T, newFixture func(t *testing.T) *StoreFixtu
 		// The relay's write-back.
 		e := outbox.Message{ID: uuid.Must(uuid.NewV7()), Type: refused, Key: "k2", ContentType: "application/json", Body: body}
 		mustPublish(t, f, true, e)
-		q := outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error { return outbox.Permanent(errors.New("rejected")) }})
+		q := outboxmemory.New(&outboxmemory.Config{SendHook: func(outbox.Message) error { return outbox.Permanent(errors.New("rejected")) }})
 		r := newRelay(t, f.Store, q, skipKey(fastRelay("refused", 3))) // the outbox drains
 		drainOutbox(t, f, r, "the write-back of a row the table refuses")
 		dl, err := f.DeadLetterTable.List(ctx, deadletter.Filter{})
@@ -397,7 +397,7 @@ func exercisePoisonStore(t *testing.T, newFixture func(t *testing.T) *StoreFixtu
 
 // drainOutbox runs r until the outbox is empty; a relay cycle that fails fails the test
 // with what, the failure it would be.
-func drainOutbox(t *testing.T, f *StoreFixture, r *outbox.Relay, what string) {
+func drainOutbox(t *testing.T, f *StoreFixture, r *relay.Relay, what string) {
 	t.Helper()
 	ctx := context.Background()
 	WaitFor(t, 30*time.Second, "the outbox to drain", func() bool {
@@ -471,7 +471,7 @@ func exercisePoisonConsumer[TTx any](t *testing.T, newFixture func(t *testing.T)
 
 		// Through the consumer: an event type no column holds is dead-lettered once and
 		// acknowledged, not re-queued forever.
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		m := outbox.Message{ID: uuid.Must(uuid.NewV7()), Type: nastyText("type"), Key: "k\x00\xff",
 			Headers: map[string]string{"h\x00": "\xff"}, ContentType: "application/json", Body: []byte(`{}`)}
 		if err := q.Send(ctx, []outbox.Message{m}); err != nil {
@@ -557,7 +557,7 @@ func exercisePoisonConsumer[TTx any](t *testing.T, newFixture func(t *testing.T)
 	t.Run("DeadLettersAreClassified", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		unknown, _ := outbox.New(Poison{1}).Encode()
 		undecodable, _ := outbox.New(Note{Text: "bad body"}).Encode()
 		undecodable.Body = []byte("{broken")

@@ -16,7 +16,7 @@ import (
 // PipelineFixture is a whole pipeline over one fresh outbox and one fresh destination:
 // outbox → relay → broker → consumer, with the outbox's dead-letter table.
 type PipelineFixture struct {
-	Store outbox.Store
+	Store outboxdriver.Store
 	// Publish writes events in one committed transaction.
 	Publish     func(ctx context.Context, events ...outbox.Encodable) error
 	Sender      outbox.Sender
@@ -50,7 +50,7 @@ func ExerciseRetryDeadLetterReplay(t *testing.T, f *PipelineFixture) {
 	if err := f.Publish(ctx, poison, fine); err != nil {
 		t.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(f.Store, f.Sender, nil)
+	relay, err := relay.New(f.Store, f.Sender, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,13 +14,13 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // StoreFixture is one fresh, empty outbox of the adapter under test.
 type StoreFixture struct {
 	// Store is the relay's store over the outbox.
-	Store outbox.Store
+	Store outboxdriver.Store
 	// Publish writes events through the adapter's Publish in one transaction of the
 	// adapter's own kind, then commits it, or rolls it back when commit is false. It returns
 	// Publish's error (after rolling back).
@@ -73,8 +73,8 @@ type unencodable struct{ C chan int }
 func (unencodable) EventType() string { return "outboxtest.unencodable" }
 
 // fastRelay is a relay config for tests: quick retries, short polls.
-func fastRelay(name string, maxAttempts int) *outbox.RelayConfig {
-	return &outbox.RelayConfig{
+func fastRelay(name string, maxAttempts int) *relay.Config {
+	return &relay.Config{
 		Name:            name,
 		BatchSize:       50,
 		MaxAttempts:     maxAttempts,
@@ -97,15 +97,15 @@ func (f *StoreFixture) relays() int {
 }
 
 // skipKey sets cfg's KeyPolicy to SkipKey and returns it.
-func skipKey(cfg *outbox.RelayConfig) *outbox.RelayConfig {
-	cfg.KeyPolicy = outbox.SkipKey
+func skipKey(cfg *relay.Config) *relay.Config {
+	cfg.KeyPolicy = relay.SkipKey
 	return cfg
 }
 
 // ExerciseStore runs the relay-store conformance suite. newFixture is called once per
 // subtest and must return an empty outbox. Besides delivery, order, leases and poison, it
 // holds a store to the contract of DeadLetter.HoldKey (with DeadLetterTable's Replay and
-// Discard), Claimed.FirstFailedAt, outbox.Validator and outbox.ErrSchema (with Unmigrate),
+// Discard), Claimed.FirstFailedAt, outboxdriver.Validator and outbox.ErrSchema (with Unmigrate),
 // and outbox.Unavailable for a dropped connection (with RawSQL.Lock).
 func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 	t.Helper()
@@ -124,7 +124,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 			outbox.New(Note{"b", 2}),
 		}
 		mustPublish(t, f, true, encodables(events)...)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		drain(t, f.Store, q, 2)
 		sent := q.Sent()
 		for i, e := range events {
@@ -143,7 +143,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		mustPublish(t, f, false, rolled)
 		kept := outbox.New(Note{Text: "committed"})
 		mustPublish(t, f, true, kept)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		drain(t, f.Store, q, 1)
 		for _, m := range q.Sent() {
 			if m.ID == rolled.ID {
@@ -164,7 +164,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 			want[e.ID] = true
 		}
 		mustPublish(t, f, true, events...)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		drain(t, f.Store, q, len(events))
 		for _, m := range q.Sent() {
 			delete(want, m.ID)
@@ -198,7 +198,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 			wg.Go(func() {
 				for round := int64(0); ; round++ {
 					token := int64(c+1)<<32 | round
-					got, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: fmt.Sprint("claimer-", c), Token: token, Limit: 25, Lease: time.Minute})
+					got, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: fmt.Sprint("claimer-", c), Token: token, Limit: 25, Lease: time.Minute})
 					mu.Lock()
 					if err != nil {
 						errs = append(errs, err)
@@ -266,7 +266,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 						return
 					}
 					token := int64(c+1)<<32 | round
-					got, err := f.Store.Claim(ctx, outbox.ClaimParams{
+					got, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{
 						Owner: fmt.Sprint("claimer-", c), Token: token, Limit: 20, Lease: time.Minute,
 						Lane: l.lane, Lanes: l.lanes,
 					})
@@ -394,7 +394,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		other := outbox.New(Note{N: 3}, outbox.WithKey("other"))
 		free := outbox.New(Note{N: 4})
 		mustPublish(t, f, true, stuck1, stuck2, other, free)
-		q := outboxmem.New(&outboxmem.Config{SendHook: failType(Poison{}.EventType())})
+		q := outboxmemory.New(&outboxmemory.Config{SendHook: failType(Poison{}.EventType())})
 		cfg := fastRelay("blocking", 10)
 		cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Hour, time.Hour
 		r := newRelay(t, f.Store, q, cfg)
@@ -418,9 +418,9 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		f := newFixture(t)
 		e := outbox.New(Note{Text: "once at least"})
 		mustPublish(t, f, true, e)
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		// A relay claims and sends, then dies before writing back.
-		claimed, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: 300 * time.Millisecond})
+		claimed, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: 300 * time.Millisecond})
 		if err != nil || len(claimed) != 1 {
 			t.Fatalf("claim: %d rows, %v", len(claimed), err)
 		}
@@ -451,17 +451,17 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		t.Parallel()
 		f := newFixture(t)
 		mustPublish(t, f, true, outbox.New(Note{Text: "leased"}))
-		first, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 11, Limit: 10, Lease: 300 * time.Millisecond})
+		first, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "a", Token: 11, Limit: 10, Lease: 300 * time.Millisecond})
 		if err != nil || len(first) != 1 || first[0].Attempts != 1 {
 			t.Fatalf("first claim: %+v, %v", first, err)
 		}
-		again, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 22, Limit: 10, Lease: time.Minute})
+		again, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "b", Token: 22, Limit: 10, Lease: time.Minute})
 		if err != nil || len(again) != 0 {
 			t.Fatalf("a leased message was claimed twice: %d rows, %v", len(again), err)
 		}
-		var second []outbox.Claimed
+		var second []outboxdriver.Claimed
 		WaitFor(t, 10*time.Second, "the expired lease to be reclaimed", func() bool {
-			second, err = f.Store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 22, Limit: 10, Lease: time.Minute})
+			second, err = f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "b", Token: 22, Limit: 10, Lease: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -472,13 +472,13 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		}
 		// The first owner's stale write-backs change nothing.
 		seq := first[0].Seq
-		if err := f.Store.Retry(ctx, 11, []outbox.Retry{{Seq: seq, Delay: time.Hour, Error: "stale"}}); err != nil {
+		if err := f.Store.Retry(ctx, 11, []outboxdriver.Retry{{Seq: seq, Delay: time.Hour, Error: "stale"}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := f.Store.Release(ctx, 11, []int64{seq}); err != nil {
 			t.Fatal(err)
 		}
-		if moved, err := f.Store.DeadLetter(ctx, 11, []outbox.DeadLetter{{Seq: seq, Reason: "stale"}}); err != nil || len(moved) != 0 {
+		if moved, err := f.Store.DeadLetter(ctx, 11, []outboxdriver.DeadLetter{{Seq: seq, Reason: "stale"}}); err != nil || len(moved) != 0 {
 			t.Fatalf("a stale DeadLetter moved %v (%v), want nothing", moved, err)
 		}
 		if err := f.Store.Complete(ctx, 11, []int64{seq}); err != nil {
@@ -502,14 +502,14 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		// Two relays in a row die while sending it: their leases expire with no write-back.
 		for token := int64(1); token <= 2; token++ {
 			WaitFor(t, 10*time.Second, "the message to be claimable", func() bool {
-				c, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "doomed", Token: token, Limit: 1, Lease: 200 * time.Millisecond})
+				c, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "doomed", Token: token, Limit: 1, Lease: 200 * time.Millisecond})
 				if err != nil {
 					t.Fatal(err)
 				}
 				return len(c) == 1
 			})
 		}
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		r := newRelay(t, f.Store, q, fastRelay("survivor", 2))
 		WaitFor(t, 10*time.Second, "the message to be dead-lettered", func() bool {
 			if _, err := r.RunOnce(ctx); err != nil {
@@ -530,14 +530,14 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		t.Parallel()
 		f := newFixture(t)
 		mustPublish(t, f, true, outbox.New(Note{N: 1}, outbox.WithKey("k")), outbox.New(Note{N: 2}, outbox.WithKey("k")))
-		c, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 5, Limit: 10, Lease: time.Minute})
+		c, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "a", Token: 5, Limit: 10, Lease: time.Minute})
 		if err != nil || len(c) != 2 {
 			t.Fatalf("claim: %d rows, %v", len(c), err)
 		}
 		if err := f.Store.Release(ctx, 5, []int64{c[0].Seq, c[1].Seq}); err != nil {
 			t.Fatal(err)
 		}
-		c2, err := f.Store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 6, Limit: 10, Lease: time.Minute})
+		c2, err := f.Store.Claim(ctx, outboxdriver.ClaimParams{Owner: "b", Token: 6, Limit: 10, Lease: time.Minute})
 		if err != nil || len(c2) != 2 || c2[0].Attempts != 1 || c2[0].Seq != c[0].Seq {
 			t.Fatalf("after release: %+v, %v", c2, err)
 		}
@@ -550,7 +550,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		after := outbox.New(Note{N: 2}, outbox.WithKey("p"))
 		good := outbox.New(Note{N: 3})
 		mustPublish(t, f, true, poison, after, good)
-		q := outboxmem.New(&outboxmem.Config{SendHook: failType(Poison{}.EventType())})
+		q := outboxmemory.New(&outboxmemory.Config{SendHook: failType(Poison{}.EventType())})
 		// SkipKey: the key's later event goes on (HeldKeyWaitsForItsDeadLetter is the
 		// default's test).
 		RunRelays(t, f.Store, q, 1, skipKey(fastRelay("poison", 3)), func() bool { return len(q.Sent()) == 2 })
@@ -571,7 +571,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		big := outbox.New(Note{Text: strings.Repeat("x", 2048)})
 		small := outbox.New(Note{Text: "fits"})
 		mustPublish(t, f, true, big, small)
-		q := outboxmem.New(&outboxmem.Config{MaxMessageBytes: 1024})
+		q := outboxmemory.New(&outboxmemory.Config{MaxMessageBytes: 1024})
 		RunRelays(t, f.Store, q, 1, fastRelay("limit", 10), func() bool { return len(deadLetters(t, f)) == 1 && len(q.Sent()) == 1 })
 		dl := deadLetters(t, f)
 		if dl[0].EventID != big.ID || dl[0].Attempts != 1 || !strings.Contains(dl[0].Reason, "over the limit of 1024") {
@@ -582,7 +582,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 
 // RunRelays runs n relays over store until done reports true (checked every few
 // milliseconds, up to 30s), then stops them and waits for them to return.
-func RunRelays(t testing.TB, store outbox.Store, sender outbox.Sender, n int, cfg *outbox.RelayConfig, done func() bool) {
+func RunRelays(t testing.TB, store outboxdriver.Store, sender outbox.Sender, n int, cfg *relay.Config, done func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -630,9 +630,9 @@ func CheckPerKeyOrder(t testing.TB, published []outbox.Encodable, delivered []ou
 }
 
 // flakyQueue is an in-memory broker on which every n-th send fails.
-func flakyQueue(n int) *outboxmem.Queue {
+func flakyQueue(n int) *outboxmemory.Queue {
 	var calls atomic.Int64
-	return outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error {
+	return outboxmemory.New(&outboxmemory.Config{SendHook: func(outbox.Message) error {
 		if calls.Add(1)%int64(n) == 0 {
 			return errors.New("broker hiccup")
 		}
@@ -640,9 +640,9 @@ func flakyQueue(n int) *outboxmem.Queue {
 	}})
 }
 
-func newRelay(t testing.TB, store outbox.Store, sender outbox.Sender, cfg *outbox.RelayConfig) *outbox.Relay {
+func newRelay(t testing.TB, store outboxdriver.Store, sender outbox.Sender, cfg *relay.Config) *relay.Relay {
 	t.Helper()
-	r, err := outbox.NewRelay(store, sender, cfg)
+	r, err := relay.New(store, sender, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -650,7 +650,7 @@ func newRelay(t testing.TB, store outbox.Store, sender outbox.Sender, cfg *outbo
 }
 
 // drain runs one relay until want messages were sent.
-func drain(t testing.TB, store outbox.Store, q *outboxmem.Queue, want int) {
+func drain(t testing.TB, store outboxdriver.Store, q *outboxmemory.Queue, want int) {
 	t.Helper()
 	r := newRelay(t, store, q, fastRelay("drain", 10))
 	WaitFor(t, 30*time.Second, fmt.Sprintf("%d messages to be delivered", want), func() bool {

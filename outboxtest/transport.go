@@ -16,7 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
-	outboxce "github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 )
 
 // TransportFixture is one fresh, empty destination (queue, stream…) of the transport under
@@ -304,7 +304,7 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 	})
 
 	// Items of the CloudEvents JavaScript SDK, as a foreign producer puts them on the
-	// broker: each must reach the consumer as the documented event (outboxce's package
+	// broker: each must reach the consumer as the documented event (cloudevents's package
 	// comment), and, written again by our Sender (forwarded, replayed), stay that event.
 	t.Run("ForeignEvents", func(t *testing.T) {
 		t.Parallel()
@@ -400,7 +400,7 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 		if attrs["specversion"] != "1.0" || attrs["id"] != m.ID.String() || attrs["type"] != m.Type {
 			t.Errorf("attributes %v, want specversion 1.0, id %s, type %s", attrs, m.ID, m.Type)
 		}
-		if ct := attrs["datacontenttype"]; !outboxce.IsJSON(ct) || !json.Valid(data) || !sameJSONValue(data, m.Body) {
+		if ct := attrs["datacontenttype"]; !cloudevents.IsJSON(ct) || !json.Valid(data) || !sameJSONValue(data, m.Body) {
 			t.Errorf("data %q under content type %q, want the JSON value %q", data, ct, m.Body)
 		}
 	})
@@ -454,7 +454,7 @@ func readPlainCloudEvent(m ForeignMessage) (map[string]string, []byte, error) {
 			attrs[lk[3:]] = v
 		}
 	}
-	if attrs["specversion"] != "" && !strings.HasPrefix(strings.ToLower(ct), outboxce.StructuredContentType) {
+	if attrs["specversion"] != "" && !strings.HasPrefix(strings.ToLower(ct), cloudevents.StructuredContentType) {
 		attrs["datacontenttype"] = ct
 		return attrs, m.Body, nil
 	}

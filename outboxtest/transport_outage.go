@@ -224,8 +224,8 @@ func idleRelayPingsTheBrokerBack(t *testing.T, o *OutageFixture) {
 	p := o.Pipeline(t)
 	ctx := context.Background()
 	held := &heldSender{Sender: p.Sender}
-	drainer := runOutageRelay(t, p, p.Sender, outbox.RelayConfig{Name: "drainer"})
-	idle := runOutageRelay(t, p, held, outbox.RelayConfig{Name: "idle"})
+	drainer := runOutageRelay(t, p, p.Sender, relay.Config{Name: "drainer"})
+	idle := runOutageRelay(t, p, held, relay.Config{Name: "idle"})
 	recv := startCollecting(t, p.Receiver)
 	publish := func(from, n int) []outbox.Message {
 		t.Helper()
@@ -279,13 +279,13 @@ func idleRelayPingsTheBrokerBack(t *testing.T, o *OutageFixture) {
 // runOutageRelay runs a relay of p's outbox through s until the test ends, with cfg's name
 // and retries and the outage subtests' timings: probes every 50–500ms, 2s per send, polls
 // every 10–50ms.
-func runOutageRelay(t testing.TB, p *PipelineFixture, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
+func runOutageRelay(t testing.TB, p *PipelineFixture, s outbox.Sender, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	cfg.UnavailableBackoff, cfg.MaxUnavailableBackoff = 50*time.Millisecond, 500*time.Millisecond
 	cfg.Lease, cfg.SendTimeout = 6*time.Second, 2*time.Second
 	cfg.MinPollInterval, cfg.MaxPollInterval = 10*time.Millisecond, 50*time.Millisecond
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	relay, err := outbox.NewRelay(p.Store, s, &cfg)
+	relay, err := relay.New(p.Store, s, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +381,7 @@ func relayWaitsOutTheOutage(t *testing.T, o *OutageFixture) {
 	sw := newOutageSwitch(t, o)
 	p := o.Pipeline(t)
 	ctx := context.Background()
-	relay := runOutageRelay(t, p, p.Sender, outbox.RelayConfig{
+	relay := runOutageRelay(t, p, p.Sender, relay.Config{
 		Name: "outage", MaxAttempts: maxAttempts, RetryBackoff: backoff, MaxRetryBackoff: backoff,
 	})
 	recv := startCollecting(t, p.Receiver)

@@ -80,7 +80,7 @@ func MigrateTx(ctx context.Context, tx bun.Tx) error { return defaultOutbox.Migr
 func Validate(ctx context.Context, db *bun.DB) error { return defaultOutbox.Validate(ctx, db) }
 
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db *bun.DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
+func NewStore(db *bun.DB) (outboxdriver.Store, error) { return defaultOutbox.NewStore(db) }
 
 // Publish writes events inside db, which must be a bun.Tx (the tx of db.RunInTx, or of
 // BeginTx; a nested transaction's savepoint works too). The events become visible to the
@@ -194,7 +194,7 @@ func (o *Outbox) Validate(ctx context.Context, db *bun.DB) error {
 }
 
 // NewStore returns the relay's store for this outbox over db's connection pool.
-func (o *Outbox) NewStore(db *bun.DB) (outbox.Store, error) {
+func (o *Outbox) NewStore(db *bun.DB) (outboxdriver.Store, error) {
 	d, n, err := o.dialect(db)
 	if err != nil {
 		return nil, err

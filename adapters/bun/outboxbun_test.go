@@ -28,7 +28,7 @@ import (
 	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 func TestMain(m *testing.M) {
@@ -167,8 +167,8 @@ func TestOrderAndEventCommitTogether(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			q := outboxmem.New(nil)
-			relay, err := outbox.NewRelay(store, q, nil)
+			q := outboxmemory.New(nil)
+			relay, err := relay.New(store, q, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -278,7 +278,7 @@ func TestRelayedByOtherAdapters(t *testing.T) {
 			if err := o.publish(ctx, true, events...); err != nil {
 				t.Fatal(err)
 			}
-			var store outbox.Store
+			var store outboxdriver.Store
 			switch s.dialect {
 			case "postgres":
 				pool, err := pgxpool.New(ctx, o.DSN)
@@ -306,8 +306,8 @@ func TestRelayedByOtherAdapters(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			q := outboxmem.New(nil)
-			outboxtest.RunRelays(t, store, q, 1, &outbox.RelayConfig{Name: "other"},
+			q := outboxmemory.New(nil)
+			outboxtest.RunRelays(t, store, q, 1, &relay.Config{Name: "other"},
 				func() bool { return len(q.Sent()) == len(events) })
 			for n, m := range q.Sent() {
 				want, _ := events[n].Encode()

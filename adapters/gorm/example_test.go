@@ -13,7 +13,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxgorm "github.com/txoutbox/outbox/adapters/gorm"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // File is a GORM model.
@@ -68,8 +68,8 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	queue := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(store, queue, nil)
+	queue := outboxmemory.New(nil)
+	relay, err := relay.New(store, queue, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -81,7 +81,7 @@ func MigrateTx(tx *gorm.DB) error { return defaultOutbox.MigrateTx(tx) }
 func Validate(db *gorm.DB) error { return defaultOutbox.Validate(db) }
 
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db *gorm.DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
+func NewStore(db *gorm.DB) (outboxdriver.Store, error) { return defaultOutbox.NewStore(db) }
 
 // Publish writes events inside tx, the *gorm.DB of a db.Transaction callback or of Begin;
 // they become visible to the relay when tx commits and vanish if it rolls back. The context
@@ -169,7 +169,7 @@ func (o *Outbox) Validate(db *gorm.DB) error {
 
 // NewStore returns the relay's store for this outbox over db's connection pool. It fails
 // when db is inside a transaction or has no *sql.DB under it.
-func (o *Outbox) NewStore(db *gorm.DB) (outbox.Store, error) {
+func (o *Outbox) NewStore(db *gorm.DB) (outboxdriver.Store, error) {
 	d, n, err := o.dialect(db)
 	if err != nil {
 		return nil, err

@@ -24,7 +24,7 @@ import (
 	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 func TestMain(m *testing.M) {
@@ -171,8 +171,8 @@ func TestOrderAndEventCommitTogether(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			q := outboxmem.New(nil)
-			relay, err := outbox.NewRelay(store, q, nil)
+			q := outboxmemory.New(nil)
+			relay, err := relay.New(store, q, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -272,12 +272,12 @@ func TestRelayedByOutboxsql(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			q := outboxmem.New(nil)
+			q := outboxmemory.New(nil)
 			store, err := other.NewStore(o.DB)
 			if err != nil {
 				t.Fatal(err)
 			}
-			outboxtest.RunRelays(t, store, q, 1, &outbox.RelayConfig{Name: "outboxsql"},
+			outboxtest.RunRelays(t, store, q, 1, &relay.Config{Name: "outboxsql"},
 				func() bool { return len(q.Sent()) == len(events) })
 			for n, m := range q.Sent() {
 				want, _ := events[n].Encode()

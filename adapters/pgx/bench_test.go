@@ -299,12 +299,12 @@ func drainRaw(b *testing.B, o *testOutbox, n, batch int) float64 {
 
 // drainRelay empties the outbox with a relay and returns events/s.
 func drainRelay(b *testing.B, o *testOutbox, n, batch int) float64 {
-	return drainWith(b, o, n, &outbox.RelayConfig{BatchSize: batch})
+	return drainWith(b, o, n, &relay.Config{BatchSize: batch})
 }
 
 // drainWith empties the outbox of its n events with a relay configured by cfg and returns
 // events/s.
-func drainWith(b *testing.B, o *testOutbox, n int, cfg *outbox.RelayConfig) float64 {
+func drainWith(b *testing.B, o *testOutbox, n int, cfg *relay.Config) float64 {
 	return benchtest.DrainRelay(b, o.store(b), n, cfg, time.Hour)
 }
 
@@ -335,20 +335,20 @@ func (s *latencySink) Send(_ context.Context, msgs []outbox.Message) error {
 func BenchmarkLatency(b *testing.B) {
 	b.Run("defaults", func(b *testing.B) { benchLatency(b, nil, 0) })
 	b.Run("poll=10ms", func(b *testing.B) {
-		benchLatency(b, &outbox.RelayConfig{MinPollInterval: 10 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond}, 0)
+		benchLatency(b, &relay.Config{MinPollInterval: 10 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond}, 0)
 	})
 	b.Run("keys=100", func(b *testing.B) { benchLatency(b, nil, 100) })
 }
 
 // benchLatency publishes 3,000 events at 1,000/s, keyed by keys keys (none for 0).
-func benchLatency(b *testing.B, cfg *outbox.RelayConfig, keys int) {
+func benchLatency(b *testing.B, cfg *relay.Config, keys int) {
 	o := benchOutbox(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	producer, producerCPU := trackedPool(b)
 	relayPool, relayCPU := trackedPool(b)
 	sink := &latencySink{at: map[uuid.UUID]time.Time{}}
 	store := &benchtest.CountingStore{Store: o.storeOn(b, relayPool)}
-	relay, err := outbox.NewRelay(store, sink, cfg)
+	relay, err := relay.New(store, sink, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/internal/benchtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // BenchmarkConsumer: events/s through the consumer runtime from the in-memory transport,
@@ -52,7 +52,7 @@ func BenchmarkConsumer(b *testing.B) {
 	}
 	// measure returns the events/s of one round and the CPU time each meter read meanwhile.
 	measure := func(name string, concurrency int, h consumer.Handler[order]) (float64, []int64) {
-		q := outboxmem.New(nil)
+		q := outboxmemory.New(nil)
 		msgs := make([]outbox.Message, n)
 		for i := range msgs {
 			msgs[i], _ = outbox.New(order{int64(i), 42}).Encode()
@@ -140,7 +140,7 @@ func BenchmarkConsumer(b *testing.B) {
 }
 
 // runUntilDrained runs c until q is empty and returns how long it took.
-func runUntilDrained(b *testing.B, c *consumer.Consumer, q *outboxmem.Queue) time.Duration {
+func runUntilDrained(b *testing.B, c *consumer.Consumer, q *outboxmemory.Queue) time.Duration {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error)
 	start := time.Now()

@@ -11,7 +11,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/consumer"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // OrderPaid is an event payload.
@@ -40,7 +40,7 @@ func ExampleIdempotentGrouped() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	queue := outboxmem.New(nil) // in production: outboxsqs, outboxnats or outboxazqueue's receiver
+	queue := outboxmemory.New(nil) // in production: outboxsqs, outboxnats or outboxazqueue's receiver
 	c, err := consumer.New(queue, &consumer.Config{
 		Name:        "loyalty",
 		DeadLetters: dead,

@@ -12,7 +12,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // TestGroupedCommitsFewerTransactions: with 16 events in flight, events really share
@@ -32,7 +32,7 @@ func TestGroupedCommitsFewerTransactions(t *testing.T) {
 		return err
 	}, nil)
 
-	q := outboxmem.New(nil)
+	q := outboxmemory.New(nil)
 	msgs := make([]outbox.Message, events)
 	for i := range msgs {
 		msgs[i], _ = outbox.New(outboxtestNote{N: i}).Encode()

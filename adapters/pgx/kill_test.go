@@ -56,8 +56,8 @@ func runChildRelay() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	relay, err := outbox.NewRelay(store, tableSender{pool, schema + ".delivered", time.Millisecond},
-		&outbox.RelayConfig{Name: "child", BatchSize: 100, Lease: 2 * time.Second})
+	relay, err := relay.New(store, tableSender{pool, schema + ".delivered", time.Millisecond},
+		&relay.Config{Name: "child", BatchSize: 100, Lease: 2 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -115,8 +115,8 @@ func TestSIGKILLMidBatchLosesNothing(t *testing.T) {
 		t.Fatalf("the child delivered everything (%d) before it was killed; the test proves nothing", atKill)
 	}
 
-	relay, err := outbox.NewRelay(o.store(t), tableSender{pool: o.pool, table: delivered},
-		&outbox.RelayConfig{Name: "survivor", BatchSize: 100, Lease: 2 * time.Second, MaxPollInterval: 50 * time.Millisecond})
+	relay, err := relay.New(o.store(t), tableSender{pool: o.pool, table: delivered},
+		&relay.Config{Name: "survivor", BatchSize: 100, Lease: 2 * time.Second, MaxPollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // statsCounter counts the stats statements a pool runs (a pgx tracer).
@@ -68,7 +68,7 @@ func TestMetricsFollowTheEvents(t *testing.T) {
 		refuse    = true
 		flakyOnce = true
 	)
-	q := outboxmem.New(&outboxmem.Config{Name: "notes", VisibilityTimeout: time.Minute, SendHook: func(m outbox.Message) error {
+	q := outboxmemory.New(&outboxmemory.Config{Name: "notes", VisibilityTimeout: time.Minute, SendHook: func(m outbox.Message) error {
 		<-gate
 		mu.Lock()
 		defer mu.Unlock()
@@ -84,14 +84,14 @@ func TestMetricsFollowTheEvents(t *testing.T) {
 
 	var (
 		hookMu sync.Mutex
-		hooked []outbox.DeadLettered
+		hooked []deadletter.Notice
 	)
-	hook := func(_ context.Context, d outbox.DeadLettered) {
+	hook := func(_ context.Context, d deadletter.Notice) {
 		hookMu.Lock()
 		defer hookMu.Unlock()
 		hooked = append(hooked, d)
 	}
-	hooks := func() []outbox.DeadLettered {
+	hooks := func() []deadletter.Notice {
 		hookMu.Lock()
 		defer hookMu.Unlock()
 		return slices.Clone(hooked)
@@ -101,7 +101,7 @@ func TestMetricsFollowTheEvents(t *testing.T) {
 		outbox.New(outboxtest.Note{Text: "flaky"}), outbox.New(outboxtest.Note{Text: "bad"}),
 		outbox.New(outboxtest.Note{Text: "fails-once"}), outbox.New(outboxtest.Poison{N: 1}, outbox.WithKey("p")))
 
-	relay, err := outbox.NewRelay(store, q, &outbox.RelayConfig{MeterProvider: mp, OnDeadLetter: hook,
+	relay, err := relay.New(store, q, &relay.Config{MeterProvider: mp, OnDeadLetter: hook,
 		RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +300,7 @@ func TestIdempotencyHelpersReportDuplicates(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			mp, reader := oteltest.Metrics(t)
-			q := outboxmem.New(nil)
+			q := outboxmemory.New(nil)
 			c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.DeadLetters(t), MeterProvider: mp})
 			if err != nil {
 				t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/internal/benchtest"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // TestTwoRelaysHundredKeysInOrder: 100 keys × 20 events, written by concurrent producers
@@ -33,13 +33,13 @@ func TestTwoRelaysHundredKeysInOrder(t *testing.T) {
 	// Each round publishes one event per key in its own transaction, 10 keys per
 	// transaction, while the relays run.
 	var calls atomic.Int64
-	q := outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error {
+	q := outboxmemory.New(&outboxmemory.Config{SendHook: func(outbox.Message) error {
 		if calls.Add(1)%7 == 0 {
 			return errors.New("broker hiccup")
 		}
 		return nil
 	}})
-	cfg := &outbox.RelayConfig{Name: "order", BatchSize: 64, Lease: 5 * time.Second,
+	cfg := &relay.Config{Name: "order", BatchSize: 64, Lease: 5 * time.Second,
 		RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond, MaxPollInterval: 10 * time.Millisecond, MaxAttempts: 100}
 	go func() {
 		for start := 0; start < len(published); start += 10 {
@@ -74,9 +74,9 @@ func TestKeylessBehindAKeyedBacklogDrains(t *testing.T) {
 	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, published...) }); err != nil {
 		t.Fatal(err)
 	}
-	q := outboxmem.New(nil)
+	q := outboxmemory.New(nil)
 	store := &benchtest.CountingStore{Store: o.store(t)}
-	cfg := &outbox.RelayConfig{Name: "mixed", BatchSize: 50, MaxPollInterval: 10 * time.Millisecond}
+	cfg := &relay.Config{Name: "mixed", BatchSize: 50, MaxPollInterval: 10 * time.Millisecond}
 	outboxtest.RunRelays(t, store, q, 1, cfg, func() bool { return len(q.Sent()) >= len(published) })
 	outboxtest.CheckPerKeyOrder(t, published, q.Sent())
 	if got := len(q.Sent()); got != len(published) {
@@ -112,8 +112,8 @@ func TestLateCommitIsNeverSkipped(t *testing.T) {
 	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, second) }); err != nil {
 		t.Fatal(err)
 	}
-	q := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(o.store(t), q, nil)
+	q := outboxmemory.New(nil)
+	relay, err := relay.New(o.store(t), q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestStaleWriteBackNeverLetsALaterEventOvertake(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := o.store(t)
-	claimedA, err := store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 1, Limit: 1, Lease: time.Millisecond})
+	claimedA, err := store.Claim(ctx, outboxdriver.ClaimParams{Owner: "a", Token: 1, Limit: 1, Lease: time.Millisecond})
 	if err != nil || len(claimedA) != 1 || claimedA[0].Message.ID != x.ID {
 		t.Fatalf("relay A claimed %v, %v; want X alone", claimedA, err)
 	}
@@ -162,17 +162,17 @@ func TestStaleWriteBackNeverLetsALaterEventOvertake(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer writeBack.Rollback(ctx)
-	if err := o.storeOn(t, writeBack).Retry(ctx, 1, []outbox.Retry{{Seq: claimedA[0].Seq, Delay: time.Hour, Error: "send failed"}}); err != nil {
+	if err := o.storeOn(t, writeBack).Retry(ctx, 1, []outboxdriver.Retry{{Seq: claimedA[0].Seq, Delay: time.Hour, Error: "send failed"}}); err != nil {
 		t.Fatal(err)
 	}
 
 	type result struct {
-		claimed []outbox.Claimed
+		claimed []outboxdriver.Claimed
 		err     error
 	}
 	claimB := make(chan result, 1)
 	go func() {
-		c, err := store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 2, Limit: 10, Lease: time.Minute})
+		c, err := store.Claim(ctx, outboxdriver.ClaimParams{Owner: "b", Token: 2, Limit: 10, Lease: time.Minute})
 		claimB <- result{c, err}
 	}()
 	// B's claim either returns at once (it skipped the locked X) or waits on the lock.
@@ -228,11 +228,11 @@ func TestLongRunIsReleasedBeforeItsLeaseEnds(t *testing.T) {
 	}
 	// 200 ms a message: the run of 20 needs 4 s, the lease is 2 s and waves may start
 	// until 1.5 s after the claim.
-	q := outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error {
+	q := outboxmemory.New(&outboxmemory.Config{SendHook: func(outbox.Message) error {
 		time.Sleep(200 * time.Millisecond)
 		return nil
 	}})
-	relay, err := outbox.NewRelay(o.store(t), q, &outbox.RelayConfig{Lease: 2 * time.Second, SendTimeout: 500 * time.Millisecond})
+	relay, err := relay.New(o.store(t), q, &relay.Config{Lease: 2 * time.Second, SendTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,11 +283,11 @@ func TestRunEndsAtAWaitingEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := o.store(t)
-	claimed, err := store.Claim(ctx, outbox.ClaimParams{Owner: "a", Token: 1, Limit: 10, Lease: time.Minute})
+	claimed, err := store.Claim(ctx, outboxdriver.ClaimParams{Owner: "a", Token: 1, Limit: 10, Lease: time.Minute})
 	if err != nil || len(claimed) != 1 || claimed[0].Message.ID != y.ID {
 		t.Fatalf("first claim %v, %v; want Y alone", claimed, err)
 	}
-	if err := store.Retry(ctx, 1, []outbox.Retry{{Seq: claimed[0].Seq, Delay: time.Hour, Error: "broker down"}}); err != nil {
+	if err := store.Retry(ctx, 1, []outboxdriver.Retry{{Seq: claimed[0].Seq, Delay: time.Hour, Error: "broker down"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, z) }); err != nil {
@@ -296,7 +296,7 @@ func TestRunEndsAtAWaitingEvent(t *testing.T) {
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err = store.Claim(ctx, outbox.ClaimParams{Owner: "b", Token: 2, Limit: 10, Lease: time.Minute})
+	claimed, err = store.Claim(ctx, outboxdriver.ClaimParams{Owner: "b", Token: 2, Limit: 10, Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

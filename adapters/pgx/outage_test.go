@@ -21,7 +21,7 @@ import (
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // dbProxy forwards TCP connections to PostgreSQL, so a test can take "the database" down
@@ -182,7 +182,7 @@ func consumerSurvivesDatabaseOutage(t *testing.T, grouped bool) {
 		t.Fatal(err)
 	}
 
-	q := outboxmem.New(&outboxmem.Config{VisibilityTimeout: 10 * time.Second})
+	q := outboxmemory.New(&outboxmemory.Config{VisibilityTimeout: 10 * time.Second})
 	recv := &maxAttempt{Receiver: q}
 	const maxAttempts = 2
 	c, err := consumer.New(recv, &consumer.Config{Name: "ledger", DeadLetters: dead, Concurrency: 16, BatchSize: 16,

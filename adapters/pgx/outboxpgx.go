@@ -67,7 +67,7 @@ func Migrate(ctx context.Context, db DB) error { return defaultOutbox.Migrate(ct
 func MigrateTx(ctx context.Context, tx pgx.Tx) error { return defaultOutbox.MigrateTx(ctx, tx) }
 
 // NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db DB) (outbox.Store, error) { return defaultOutbox.NewStore(db) }
+func NewStore(db DB) (outboxdriver.Store, error) { return defaultOutbox.NewStore(db) }
 
 // Validate checks the default outbox's tables. See [Outbox.Validate].
 func Validate(ctx context.Context, db DB) error { return defaultOutbox.Validate(ctx, db) }
@@ -153,7 +153,7 @@ func (o *Outbox) Validate(ctx context.Context, db DB) error {
 }
 
 // NewStore returns the relay's store for this outbox over db (normally a *pgxpool.Pool).
-func (o *Outbox) NewStore(db DB) (outbox.Store, error) {
+func (o *Outbox) NewStore(db DB) (outboxdriver.Store, error) {
 	if db == nil {
 		return nil, errors.New("outboxpgx: NewStore needs a database (a *pgxpool.Pool), got nil")
 	}

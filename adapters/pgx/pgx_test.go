@@ -38,10 +38,10 @@ func newTestOutbox(t testing.TB) *testOutbox {
 }
 
 // store is the outbox's relay store over its pool.
-func (o *testOutbox) store(t testing.TB) outbox.Store { return o.pt.Store(t) }
+func (o *testOutbox) store(t testing.TB) outboxdriver.Store { return o.pt.Store(t) }
 
 // storeOn is the outbox's relay store over db.
-func (o *testOutbox) storeOn(t testing.TB, db outboxpgx.DB) outbox.Store {
+func (o *testOutbox) storeOn(t testing.TB, db outboxpgx.DB) outboxdriver.Store {
 	t.Helper()
 	return mustStore(t, o.Outbox, db)
 }

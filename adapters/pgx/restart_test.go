@@ -173,7 +173,7 @@ func (s *recordingSender) count() int {
 // synchronous_commit=off, so a crash may undo them, which must only cause re-sends: an
 // event claimed again in a later epoch had its acknowledged Complete undone by a crash.
 type ackStore struct {
-	outbox.Store
+	outboxdriver.Store
 	epoch *atomic.Int32
 	quiet atomic.Bool // the producers are quiet: no synchronous commit flushes the WAL
 
@@ -186,7 +186,7 @@ type ackStore struct {
 	undone  map[uuid.UUID]bool  // acknowledged Complete undone by a crash
 }
 
-func (s *ackStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func (s *ackStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	c, err := s.Store.Claim(ctx, p)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -288,7 +288,7 @@ func TestPostgresCrashRestartLosesNothing(t *testing.T) {
 	// Lease 1s (the minimum): leases taken before a crash expire soon after the restart.
 	// MaxAttempts stays at its default: failed store calls count no attempts, and a message
 	// is claimed again only after a lost write-back, about once per crash.
-	relay, err := outbox.NewRelay(store, sender, &outbox.RelayConfig{
+	relay, err := relay.New(store, sender, &relay.Config{
 		Name: "crash", BatchSize: 50, Lease: time.Second, MaxPollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler), // its errors while the server is down are expected
 	})
@@ -537,7 +537,7 @@ func produceOne(ctx context.Context, pool *pgxpool.Pool, o *outboxpgx.Outbox, le
 }
 
 // mustStore is o's relay store over db, failing t on an error.
-func mustStore(t testing.TB, o *outboxpgx.Outbox, db outboxpgx.DB) outbox.Store {
+func mustStore(t testing.TB, o *outboxpgx.Outbox, db outboxpgx.DB) outboxdriver.Store {
 	t.Helper()
 	s, err := o.NewStore(db)
 	if err != nil {

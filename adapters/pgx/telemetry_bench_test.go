@@ -20,7 +20,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // sdkProviders are what an application installs: every span sampled and batched to an
@@ -77,7 +77,7 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	tp, mp := sdkProviders(b)
 	b.Run("relay", func(b *testing.B) {
 		const n = 30000
-		drain := func(cfg *outbox.RelayConfig) (float64, float64) {
+		drain := func(cfg *relay.Config) (float64, float64) {
 			fillTraced(b, o, n)
 			cpu := cpuTime()
 			rate := drainWith(b, o, n, cfg)
@@ -87,10 +87,10 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 		for i := range rounds {
 			for _, telemetry := range turns(i) {
 				if telemetry {
-					r, c := drain(&outbox.RelayConfig{TracerProvider: tp, MeterProvider: mp})
+					r, c := drain(&relay.Config{TracerProvider: tp, MeterProvider: mp})
 					on, onCPU = append(on, r), append(onCPU, c)
 				} else {
-					r, c := drain(&outbox.RelayConfig{})
+					r, c := drain(&relay.Config{})
 					off, offCPU = append(off, r), append(offCPU, c)
 				}
 			}
@@ -110,7 +110,7 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 			b.Fatal(err)
 		}
 		consume := func(cfg consumer.Config) (float64, float64) {
-			q := outboxmem.New(nil)
+			q := outboxmemory.New(nil)
 			msgs := make([]outbox.Message, n)
 			for i, e := range tracedEvents(n) {
 				msgs[i], _ = e.Encode()

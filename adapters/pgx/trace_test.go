@@ -14,7 +14,7 @@ import (
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest/oteltest"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // TestTraceFollowsTheEvent: on the memory transport, one trace from the request that
@@ -22,7 +22,7 @@ import (
 func TestTraceFollowsTheEvent(t *testing.T) {
 	t.Parallel()
 	o := pgxtest.New(t, "outboxpgx_trace")
-	q := outboxmem.New(&outboxmem.Config{Name: "notes"})
+	q := outboxmemory.New(&outboxmemory.Config{Name: "notes"})
 	f := o.Pipeline(t, q, q)
 	f.RetryBackoff = 10 * time.Millisecond
 	oteltest.ExerciseTrace(t, &oteltest.TraceFixture{PipelineFixture: f})
@@ -46,7 +46,7 @@ func TestSendSpanLinksEveryPublisher(t *testing.T) {
 		span.End()
 		want[span.SpanContext().SpanID()] = true
 	}
-	relay, err := outbox.NewRelay(o.Store(t), outboxmem.New(nil), &outbox.RelayConfig{TracerProvider: tp, BatchSize: 500})
+	relay, err := relay.New(o.Store(t), outboxmemory.New(nil), &relay.Config{TracerProvider: tp, BatchSize: 500})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,8 +83,8 @@ func TestLinkTraceStartsANewTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	request.End()
-	q := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(o.Store(t), q, nil)
+	q := outboxmemory.New(nil)
+	relay, err := relay.New(o.Store(t), q, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

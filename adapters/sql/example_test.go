@@ -15,7 +15,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // FileUploaded is an event payload.
@@ -69,8 +69,8 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	queue := outboxmem.New(nil)
-	relay, err := outbox.NewRelay(store, queue, nil)
+	queue := outboxmemory.New(nil)
+	relay, err := relay.New(store, queue, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -163,7 +163,7 @@ func Validate(ctx context.Context, d Dialect, db *sql.DB) error {
 }
 
 // NewStore returns the relay store of dialect d's default outbox. See [Outbox.NewStore].
-func NewStore(d Dialect, db *sql.DB) (outbox.Store, error) {
+func NewStore(d Dialect, db *sql.DB) (outboxdriver.Store, error) {
 	o, err := defaultOutbox(d)
 	if err != nil {
 		return nil, err
@@ -217,7 +217,7 @@ func (o *Outbox) MigrateTx(ctx context.Context, tx *sql.Tx) error {
 }
 
 // NewStore returns the relay's store for this outbox over db.
-func (o *Outbox) NewStore(db *sql.DB) (outbox.Store, error) {
+func (o *Outbox) NewStore(db *sql.DB) (outboxdriver.Store, error) {
 	if db == nil {
 		return nil, errors.New("outboxsql: NewStore needs a *sql.DB, got nil")
 	}

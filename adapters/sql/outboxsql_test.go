@@ -25,7 +25,7 @@ import (
 	"github.com/txoutbox/outbox/internal/sqlstore"
 	"github.com/txoutbox/outbox/internal/sqlstore/sqlstoretest"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -61,7 +61,7 @@ func newTestOutbox(t testing.TB, name string, d outboxsql.Dialect, driver string
 }
 
 // store is the outbox's relay store.
-func (o *testOutbox) store(t testing.TB) outbox.Store {
+func (o *testOutbox) store(t testing.TB) outboxdriver.Store {
 	t.Helper()
 	s, err := o.NewStore(o.DB)
 	if err != nil {
@@ -168,8 +168,8 @@ func TestBusinessRowAndEventCommitTogether(t *testing.T) {
 			if err := o.DB.QueryRowContext(ctx, "SELECT count(*) FROM "+orders).Scan(&rows); err != nil {
 				t.Fatal(err)
 			}
-			q := outboxmem.New(nil)
-			relay, err := outbox.NewRelay(o.store(t), q, nil)
+			q := outboxmemory.New(nil)
+			relay, err := relay.New(o.store(t), q, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -301,9 +301,9 @@ func TestLargeBatchSplitsStatements(t *testing.T) {
 				t.Fatal(err)
 			}
 			store := o.store(t)
-			var got []outbox.Claimed
+			var got []outboxdriver.Claimed
 			for len(got) < len(events) {
-				c, err := store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 1000, Lease: time.Minute})
+				c, err := store.Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: 1, Limit: 1000, Lease: time.Minute})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -433,7 +433,7 @@ func TestContextIsHonoured(t *testing.T) {
 			if err := o.Publish(ctx, tx, outbox.New(OrderPlaced{1})); !errors.Is(err, context.Canceled) {
 				t.Errorf("Publish with a cancelled context = %v, want context.Canceled", err)
 			}
-			if _, err := o.store(t).Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute}); !errors.Is(err, context.Canceled) {
+			if _, err := o.store(t).Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: 1, Limit: 10, Lease: time.Minute}); !errors.Is(err, context.Canceled) {
 				t.Errorf("Claim with a cancelled context = %v, want context.Canceled", err)
 			}
 			if err := o.Migrate(ctx, o.DB); !errors.Is(err, context.Canceled) {
@@ -457,18 +457,18 @@ func TestRelayDeadLetterRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			store := o.store(t)
-			c, err := store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 3, Limit: 10, Lease: time.Minute})
+			c, err := store.Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: 3, Limit: 10, Lease: time.Minute})
 			if err != nil || len(c) != 1 {
 				t.Fatalf("claim: %d, %v", len(c), err)
 			}
-			if err := store.Retry(ctx, 3, []outbox.Retry{{Seq: c[0].Seq, Delay: 0, Error: "first failure"}}); err != nil {
+			if err := store.Retry(ctx, 3, []outboxdriver.Retry{{Seq: c[0].Seq, Delay: 0, Error: "first failure"}}); err != nil {
 				t.Fatal(err)
 			}
-			if c, err = store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 4, Limit: 10, Lease: time.Minute}); err != nil || len(c) != 1 || c[0].Attempts != 2 {
+			if c, err = store.Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: 4, Limit: 10, Lease: time.Minute}); err != nil || len(c) != 1 || c[0].Attempts != 2 {
 				t.Fatalf("second claim: %+v, %v", c, err)
 			}
 			before := time.Now().Add(-time.Minute)
-			if moved, err := store.DeadLetter(ctx, 4, []outbox.DeadLetter{{Seq: c[0].Seq, Reason: "broker says no"}}); err != nil || len(moved) != 1 || moved[0] != c[0].Seq {
+			if moved, err := store.DeadLetter(ctx, 4, []outboxdriver.DeadLetter{{Seq: c[0].Seq, Reason: "broker says no"}}); err != nil || len(moved) != 1 || moved[0] != c[0].Seq {
 				t.Fatalf("DeadLetter moved %v (%v), want [%d]", moved, err, c[0].Seq)
 			}
 			dl, err := o.NewDeadLetters(o.DB)
@@ -492,7 +492,7 @@ func TestRelayDeadLetterRoundTrip(t *testing.T) {
 			if err := dl.Replay(ctx, got.ID); err != nil {
 				t.Fatal(err)
 			}
-			c, err = store.Claim(ctx, outbox.ClaimParams{Owner: "t", Token: 5, Limit: 10, Lease: time.Minute})
+			c, err = store.Claim(ctx, outboxdriver.ClaimParams{Owner: "t", Token: 5, Limit: 10, Lease: time.Minute})
 			if err != nil || len(c) != 1 || c[0].Attempts != 1 {
 				t.Fatalf("claim after replay: %+v, %v", c, err)
 			}
@@ -518,13 +518,13 @@ func TestSQLiteSeveralRelaysKeepOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls atomic.Int64
-	q := outboxmem.New(&outboxmem.Config{SendHook: func(outbox.Message) error {
+	q := outboxmemory.New(&outboxmemory.Config{SendHook: func(outbox.Message) error {
 		if calls.Add(1)%4 == 0 {
 			return errors.New("broker hiccup")
 		}
 		return nil
 	}})
-	cfg := &outbox.RelayConfig{Name: "sqlite", BatchSize: 5, MaxAttempts: 1000, Lease: 2 * time.Second,
+	cfg := &relay.Config{Name: "sqlite", BatchSize: 5, MaxAttempts: 1000, Lease: 2 * time.Second,
 		SendTimeout: time.Second, MinPollInterval: time.Millisecond, MaxPollInterval: 10 * time.Millisecond,
 		RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond}
 	outboxtest.RunRelays(t, o.store(t), q, 3, cfg, func() bool { return len(q.Sent()) >= len(events) })

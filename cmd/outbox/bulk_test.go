@@ -97,7 +97,7 @@ func TestReplay10000(t *testing.T) {
 			t.Fatal(err)
 		}
 		sender := &countingSender{sent: map[uuid.UUID]int{}}
-		relay, err := outbox.NewRelay(store, sender, &outbox.RelayConfig{BatchSize: 1000})
+		relay, err := relay.New(store, sender, &relay.Config{BatchSize: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}

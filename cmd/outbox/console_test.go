@@ -253,7 +253,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	sender := &countingSender{sent: map[uuid.UUID]int{}}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

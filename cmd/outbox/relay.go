@@ -86,7 +86,7 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, t.sender, &outbox.RelayConfig{
+	relay, err := relay.New(store, t.sender, &relay.Config{
 		Name: *name, BatchSize: *batch, MaxAttempts: *attempts, Lease: *lease, Concurrency: *concurrency,
 		Logger: log, MeterProvider: meters,
 	})

@@ -35,7 +35,7 @@ import (
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 	outboxkafka "github.com/txoutbox/outbox/transports/kafka"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 	outboxsqs "github.com/txoutbox/outbox/transports/sqs"
 )
 
@@ -437,14 +437,14 @@ func rabbitBroker(t *testing.T) broker {
 		t.Fatal(err)
 	}
 	exchange, queue := randomName("cli-x-"), randomName("cli-q-")
-	if err := outboxamqp.Declare(ch, outboxamqp.Topology{Exchange: exchange, Queue: queue}); err != nil {
+	if err := outboxrabbitmq.Declare(ch, outboxrabbitmq.Topology{Exchange: exchange, Queue: queue}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_, _ = ch.QueueDelete(queue, false, false, false)
 		_ = ch.ExchangeDelete(exchange, false, false)
 	})
-	r, err := outboxamqp.NewReceiver(outboxamqp.Connection{URL: url}, &outboxamqp.ReceiverConfig{Queue: queue, MaxWait: 200 * time.Millisecond})
+	r, err := outboxrabbitmq.NewReceiver(outboxrabbitmq.Connection{URL: url}, &outboxrabbitmq.ReceiverConfig{Queue: queue, MaxWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,7 +101,7 @@ func (s *store) readReport(ctx context.Context) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	stats, err := relayStore.(outbox.StatsReader).Stats(ctx)
+	stats, err := relayStore.(outboxdriver.StatsReader).Stats(ctx)
 	if err != nil {
 		return nil, err
 	}

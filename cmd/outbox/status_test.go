@@ -48,8 +48,8 @@ func TestStatus(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		claim := func(owner string, token int64, n int) []outbox.Claimed {
-			c, err := store.Claim(ctx, outbox.ClaimParams{Owner: owner, Token: token, Limit: n, Lease: time.Minute})
+		claim := func(owner string, token int64, n int) []outboxdriver.Claimed {
+			c, err := store.Claim(ctx, outboxdriver.ClaimParams{Owner: owner, Token: token, Limit: n, Lease: time.Minute})
 			if err != nil || len(c) != n {
 				t.Fatalf("claim by %s: %d, %v", owner, len(c), err)
 			}
@@ -58,7 +58,7 @@ func TestStatus(t *testing.T) {
 		claim("relay-a", 1, 2)
 		claim("relay-b", 2, 1)
 		retried := claim("relay-c", 3, 1)
-		if err := store.Retry(ctx, 3, []outbox.Retry{{Seq: retried[0].Seq, Delay: time.Hour, Error: "broker down"}}); err != nil {
+		if err := store.Retry(ctx, 3, []outboxdriver.Retry{{Seq: retried[0].Seq, Delay: time.Hour, Error: "broker down"}}); err != nil {
 			t.Fatal(err)
 		}
 
@@ -195,11 +195,11 @@ func TestStatusShowsHeldKeys(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := store.Claim(ctx, outbox.ClaimParams{Owner: "relay", Token: 1, Limit: 1, Lease: time.Minute})
+		c, err := store.Claim(ctx, outboxdriver.ClaimParams{Owner: "relay", Token: 1, Limit: 1, Lease: time.Minute})
 		if err != nil || len(c) != 1 {
 			t.Fatalf("claim: %d, %v", len(c), err)
 		}
-		if _, err := store.DeadLetter(ctx, 1, []outbox.DeadLetter{{Seq: c[0].Seq, Kind: "permanent", Reason: "refused", HoldKey: true}}); err != nil {
+		if _, err := store.DeadLetter(ctx, 1, []outboxdriver.DeadLetter{{Seq: c[0].Seq, Kind: "permanent", Reason: "refused", HoldKey: true}}); err != nil {
 			t.Fatal(err)
 		}
 		dl, err := tb.deadLetters(t).List(ctx, deadletter.Filter{})

@@ -23,7 +23,7 @@ import (
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
 	outboxkafka "github.com/txoutbox/outbox/transports/kafka"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 	outboxsqs "github.com/txoutbox/outbox/transports/sqs"
 )
 
@@ -183,13 +183,13 @@ func (a *app) openTransport(ctx context.Context, raw string, routes map[string]s
 		return &transport{sender: s, shown: shown, close: func() error { cl.Close(); return nil }}, nil
 
 	case "amqp", "amqps":
-		cfg := outboxamqp.SenderConfig{Exchange: param("exchange"), RoutingKeys: routes}
+		cfg := outboxrabbitmq.SenderConfig{Exchange: param("exchange"), RoutingKeys: routes}
 		if err := unknownParams(q); err != nil {
 			return nil, err
 		}
 		c := *u
 		c.RawQuery = ""
-		s, err := outboxamqp.NewSender(outboxamqp.Connection{URL: c.String()}, &cfg)
+		s, err := outboxrabbitmq.NewSender(outboxrabbitmq.Connection{URL: c.String()}, &cfg)
 		if err != nil {
 			return nil, usagef("--transport %s: %v", shown, a.stderr.hide(err))
 		}

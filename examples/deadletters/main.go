@@ -27,7 +27,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // InvoiceIssued is what the billing service publishes; the daily report adds it up.
@@ -111,12 +111,12 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 		return err
 	}
 
-	broker := outboxmem.New(nil)
+	broker := outboxmemory.New(nil)
 	store, err := box.NewStore(pool)
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, broker, nil)
+	relay, err := relay.New(store, broker, nil)
 	if err != nil {
 		return err
 	}

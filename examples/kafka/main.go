@@ -134,7 +134,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/consumer"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // OrderPlaced is published when an order is placed.
@@ -154,15 +154,15 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	// An alert without a metrics stack: both stages call this once per new dead letter.
 	var alerts []string
 	var mu sync.Mutex
-	page := func(_ context.Context, d outbox.DeadLettered) {
+	page := func(_ context.Context, d deadletter.Notice) {
 		mu.Lock()
 		defer mu.Unlock()
 		alerts = append(alerts, fmt.Sprintf("PAGE: %s (key %s) dead-lettered at the %s stage (%s) after %d attempt(s): %s",
 			d.Message.Type, d.Message.Key, d.Stage, d.Kind, d.Attempts, d.Reason))
 	}
 
-	queue := outboxmem.New(&outboxmem.Config{Name: "orders"})
-	relay, err := outbox.NewRelay(store, queue, &outbox.RelayConfig{OnDeadLetter: page})
+	queue := outboxmemory.New(&outboxmemory.Config{Name: "orders"})
+	relay, err := relay.New(store, queue, &relay.Config{OnDeadLetter: page})
 	if err != nil {
 		return err
 	}

@@ -105,7 +105,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		return err
 	}

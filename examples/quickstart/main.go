@@ -30,7 +30,7 @@ import (
 	outboxsql "github.com/txoutbox/outbox/adapters/sql"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // ParseRequested asks the worker to parse an uploaded file.
@@ -81,12 +81,12 @@ func run(w io.Writer, kind, dsn string) error {
 	defer dropAll(db, dialect, name)
 
 	// The relay: committed events from the outbox to the broker.
-	broker := outboxmem.New(&outboxmem.Config{VisibilityTimeout: time.Second})
+	broker := outboxmemory.New(&outboxmemory.Config{VisibilityTimeout: time.Second})
 	store, err := box.NewStore(db)
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(store, broker, nil)
+	relay, err := relay.New(store, broker, nil)
 	if err != nil {
 		return err
 	}

@@ -237,9 +237,9 @@ func Rounds(b *testing.B, round int, meters []Meter, paths ...*Path) map[string]
 // Logger) that drains store into s: it commits n events with commit, untimed, and the timed
 // part runs the relay until s has sent them all and Run has returned, every batch written
 // back.
-func RelayPath(b testing.TB, store outbox.Store, s outbox.Sender, commit func(n int)) func(n int) func() {
+func RelayPath(b testing.TB, store outboxdriver.Store, s outbox.Sender, commit func(n int)) func(n int) func() {
 	sink := &CountingSender{Sender: s}
-	relay, err := outbox.NewRelay(store, sink, &outbox.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
+	relay, err := relay.New(store, sink, &relay.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -66,11 +66,11 @@ func DrainKeys(b *testing.B, n int, drain func(b *testing.B, key func(i int) str
 // DrainRelay runs a relay with cfg over store, sending to a transport that accepts
 // everything, until it has delivered n events or limit has passed, and returns the events
 // delivered per second. With $TXOUTBOX_BENCH_DEBUG set it logs the claims it made.
-func DrainRelay(b *testing.B, store outbox.Store, n int, cfg *outbox.RelayConfig, limit time.Duration) float64 {
+func DrainRelay(b *testing.B, store outboxdriver.Store, n int, cfg *relay.Config, limit time.Duration) float64 {
 	b.Helper()
 	sink := &CountingSender{Sender: Discard{}}
 	counted := &CountingStore{Store: store}
-	relay, err := outbox.NewRelay(counted, sink, cfg)
+	relay, err := relay.New(counted, sink, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -95,13 +95,13 @@ func DrainRelay(b *testing.B, store outbox.Store, n int, cfg *outbox.RelayConfig
 // CountingStore counts the claims a relay makes, the empty ones, and the partial ones (fewer
 // rows than the limit, but some).
 type CountingStore struct {
-	outbox.Store
+	outboxdriver.Store
 	Claims, Empty, Partial atomic.Int64
 	claimNS, completeNS    atomic.Int64
 }
 
-// Claim implements outbox.Store.
-func (s *CountingStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+// Claim implements outboxdriver.Store.
+func (s *CountingStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	start := time.Now()
 	c, err := s.Store.Claim(ctx, p)
 	s.claimNS.Add(int64(time.Since(start)))
@@ -114,7 +114,7 @@ func (s *CountingStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outb
 	return c, err
 }
 
-// Complete implements outbox.Store.
+// Complete implements outboxdriver.Store.
 func (s *CountingStore) Complete(ctx context.Context, token int64, seqs []int64) error {
 	start := time.Now()
 	err := s.Store.Complete(ctx, token, seqs)

@@ -222,12 +222,12 @@ func connectError(e error) bool {
 
 // relayStore is what each dialect's relay store implements.
 type relayStore interface {
-	outbox.Store
-	outbox.StatsReader
+	outboxdriver.Store
+	outboxdriver.StatsReader
 }
 
 // classifiedStore is a dialect's relay store whose errors are classified (see Classify),
-// and which validates its schema for Relay.Run (outbox.Validator).
+// and which validates its schema for Relay.Run (outboxdriver.Validator).
 type classifiedStore struct {
 	s  relayStore
 	d  Dialect
@@ -236,15 +236,15 @@ type classifiedStore struct {
 }
 
 var (
-	_ outbox.Validator   = (*classifiedStore)(nil)
-	_ outbox.StatsReader = (*classifiedStore)(nil)
+	_ outboxdriver.Validator   = (*classifiedStore)(nil)
+	_ outboxdriver.StatsReader = (*classifiedStore)(nil)
 )
 
-func classified(d Dialect, db DB, n *Names, s relayStore) outbox.Store {
+func classified(d Dialect, db DB, n *Names, s relayStore) outboxdriver.Store {
 	return &classifiedStore{s: s, d: d, db: db, n: n}
 }
 
-func (c *classifiedStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func (c *classifiedStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	claimed, err := c.s.Claim(ctx, p)
 	if err != nil {
 		return nil, Classify(err, c.n)
@@ -259,14 +259,14 @@ func (c *classifiedStore) Complete(ctx context.Context, token int64, seqs []int6
 	return nil
 }
 
-func (c *classifiedStore) Retry(ctx context.Context, token int64, retries []outbox.Retry) error {
+func (c *classifiedStore) Retry(ctx context.Context, token int64, retries []outboxdriver.Retry) error {
 	if err := c.s.Retry(ctx, token, retries); err != nil {
 		return Classify(err, c.n)
 	}
 	return nil
 }
 
-func (c *classifiedStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) ([]int64, error) {
+func (c *classifiedStore) DeadLetter(ctx context.Context, token int64, dead []outboxdriver.DeadLetter) ([]int64, error) {
 	moved, err := c.s.DeadLetter(ctx, token, dead)
 	if err != nil {
 		return moved, Classify(err, c.n)
@@ -281,7 +281,7 @@ func (c *classifiedStore) Release(ctx context.Context, token int64, seqs []int64
 	return nil
 }
 
-func (c *classifiedStore) Stats(ctx context.Context) (outbox.Stats, error) {
+func (c *classifiedStore) Stats(ctx context.Context) (outboxdriver.Stats, error) {
 	st, err := c.s.Stats(ctx)
 	if err != nil {
 		return st, Classify(err, c.n)
@@ -289,7 +289,7 @@ func (c *classifiedStore) Stats(ctx context.Context) (outbox.Stats, error) {
 	return st, nil
 }
 
-// Validate implements outbox.Validator: [Validate] over the store's database.
+// Validate implements outboxdriver.Validator: [Validate] over the store's database.
 func (c *classifiedStore) Validate(ctx context.Context) error {
 	return Validate(ctx, c.d, c.db, c.n)
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/txoutbox/outbox"
 )
 
-// Held keys (outbox.DeadLetter.HoldKey). A keyed row that the relay dead-letters under
+// Held keys (outboxdriver.DeadLetter.HoldKey). A keyed row that the relay dead-letters under
 // KeyPolicy HoldKey is not deleted: it stays in the outbox with available_at at heldAt (the
 // largest time the column holds) and no lease, and the dead letter records its seq
 // (held_seq). Every dialect's claim already refuses a row whose earlier row of the same key
@@ -34,7 +34,7 @@ func heldAt(d Dialect) string {
 
 // holdSplit returns the seqs of dead whose rows are to be held, and those to be deleted.
 // The store holds a row only if it is keyed: a keyless row asked to be held is deleted.
-func holdSplit(dead []outbox.DeadLetter) (hold, drop []int64) {
+func holdSplit(dead []outboxdriver.DeadLetter) (hold, drop []int64) {
 	for _, d := range dead {
 		if d.HoldKey {
 			hold = append(hold, d.Seq)

@@ -20,10 +20,10 @@ type leaseStore struct {
 	db DB
 	n  *Names
 	// claim leases rows; the dialect owns how claims are serialised.
-	claim func(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]outbox.Claimed, error)
+	claim func(ctx context.Context, s *leaseStore, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error)
 	// retry returns the statement, and its arguments, that releases rows for another
 	// attempt after their delay with their error, if they still carry token.
-	retry func(token int64, rs []outbox.Retry) (string, []any)
+	retry func(token int64, rs []outboxdriver.Retry) (string, []any)
 	// take reads, inside DeadLetter's transaction, the rows hold and drop that still carry
 	// token, in failedRow's columns; it holds the keyed rows of hold (heldAt, no lease:
 	// see hold.go) and deletes the others.
@@ -39,11 +39,11 @@ type leaseStore struct {
 	heads runHeads
 }
 
-func (s *leaseStore) Stats(ctx context.Context) (outbox.Stats, error) {
+func (s *leaseStore) Stats(ctx context.Context) (outboxdriver.Stats, error) {
 	return readStats(ctx, s.db, s.n)
 }
 
-func (s *leaseStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func (s *leaseStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	if p.Limit <= 0 {
 		return nil, nil
 	}
@@ -76,11 +76,11 @@ func (s *leaseStore) Release(ctx context.Context, token int64, seqs []int64) err
 }
 
 // Retry records each error made storable (a broker's error text may hold anything).
-func (s *leaseStore) Retry(ctx context.Context, token int64, retries []outbox.Retry) error {
+func (s *leaseStore) Retry(ctx context.Context, token int64, retries []outboxdriver.Retry) error {
 	if len(retries) == 0 {
 		return nil
 	}
-	clean := make([]outbox.Retry, len(retries))
+	clean := make([]outboxdriver.Retry, len(retries))
 	for i, r := range retries {
 		clean[i] = r
 		clean[i].Error, _ = cleanText(r.Error, 0, s.dl.lim.bytes)
@@ -94,7 +94,7 @@ func (s *leaseStore) Retry(ctx context.Context, token int64, retries []outbox.Re
 // (see dlWriter.moveDeadLetters). The first statement locks the rows, so they stay this
 // claim's until it commits. A claim that planned a run through a row being held finds it
 // locked or no longer free, and ends the run there (keepRuns), as for a Retry.
-func (s *leaseStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) ([]int64, error) {
+func (s *leaseStore) DeadLetter(ctx context.Context, token int64, dead []outboxdriver.DeadLetter) ([]int64, error) {
 	if len(dead) == 0 {
 		return nil, nil
 	}

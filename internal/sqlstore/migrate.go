@@ -127,8 +127,8 @@ func appliedVersions(ctx context.Context, q Querier, n *Names) (map[int]bool, er
 	return done, rows.Err()
 }
 
-func sortBySeq(c []outbox.Claimed) {
-	bySeq := func(a, b outbox.Claimed) int { return cmp.Compare(a.Seq, b.Seq) }
+func sortBySeq(c []outboxdriver.Claimed) {
+	bySeq := func(a, b outboxdriver.Claimed) int { return cmp.Compare(a.Seq, b.Seq) }
 	// Claims mostly arrive in order already: one pass to check beats sorting big structs.
 	if !slices.IsSortedFunc(c, bySeq) {
 		slices.SortFunc(c, bySeq)

@@ -121,7 +121,7 @@ func messageArgs(m outbox.Message) []any {
 	return MessageArgs(m)
 }
 
-func (mysqlDialect) Store(db DB, n *Names) outbox.Store {
+func (mysqlDialect) Store(db DB, n *Names) outboxdriver.Store {
 	s := &leaseStore{
 		db:    db,
 		n:     n,
@@ -144,7 +144,7 @@ func (mysqlDialect) Store(db DB, n *Names) outbox.Store {
   JOIN ` + n.Outbox + ` AS o ON o.seq = h.seq`
 		},
 	}
-	s.retry = func(token int64, rs []outbox.Retry) (string, []any) {
+	s.retry = func(token int64, rs []outboxdriver.Retry) (string, []any) {
 		args := make([]any, 0, 3*len(rs)+1)
 		for _, r := range rs {
 			args = append(args, r.Seq, r.Delay.Microseconds(), r.Error)
@@ -223,8 +223,8 @@ func mysqlRowsSQL(rows int, cols ...string) string {
 // The plans are plain (non-locking) reads: MariaDB extends a statement's FOR UPDATE SKIP
 // LOCKED to its subqueries, which would skip a row a write-back holds and let a later row of
 // its key overtake it.
-func mysqlClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]outbox.Claimed, error) {
-	var claimed []outbox.Claimed
+func mysqlClaim(ctx context.Context, s *leaseStore, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
+	var claimed []outboxdriver.Claimed
 	err := inTxReadCommitted(ctx, s.db, func(q Querier) error {
 		onlyKeyless, err := s.onlyKeyless(ctx, q)
 		if err != nil {

@@ -108,7 +108,7 @@ func (postgres) Insert(ctx context.Context, q Querier, n *Names, msgs []outbox.M
 	return nil
 }
 
-func (d postgres) Store(db DB, n *Names) outbox.Store {
+func (d postgres) Store(db DB, n *Names) outboxdriver.Store {
 	return classified(d, db, n, &pgStore{db: db, n: n})
 }
 
@@ -117,9 +117,9 @@ type pgStore struct {
 	n  *Names
 }
 
-func (s *pgStore) Stats(ctx context.Context) (outbox.Stats, error) { return readStats(ctx, s.db, s.n) }
+func (s *pgStore) Stats(ctx context.Context) (outboxdriver.Stats, error) { return readStats(ctx, s.db, s.n) }
 
-func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func (s *pgStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	// The columns by name: a claim function of an older migration 004 (without
 	// first_failed_at) fails as a schema to migrate, not as a scan that does not fit.
 	rows, err := s.db.Query(ctx, "SELECT "+claimColumns+" FROM "+s.n.ClaimFunc+"($1, $2, $3, $4, $5, $6)",
@@ -135,10 +135,10 @@ func (s *pgStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Cla
 // it comes back with Claimed.Err naming the column and the problem, for the relay to
 // dead-letter alone. limit is how many rows there can be at most (the claim's): the result
 // is sized for them at once instead of growing, and copying its large elements, row by row.
-func ScanClaimed(rows Rows, limit int) ([]outbox.Claimed, error) {
+func ScanClaimed(rows Rows, limit int) ([]outboxdriver.Claimed, error) {
 	defer rows.Close()
 	var (
-		out   = make([]outbox.Claimed, 0, min(max(limit, 0), 10000))
+		out   = make([]outboxdriver.Claimed, 0, min(max(limit, 0), 10000))
 		r     outboxRow
 		first lenientTime                // first_failed_at: a time the relay wrote, or NULL
 		dest  = append(r.dest(), &first) // one row and its targets for all: message copies what it keeps
@@ -148,7 +148,7 @@ func ScanClaimed(rows Rows, limit int) ([]outbox.Claimed, error) {
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
-		c := outbox.Claimed{Seq: r.seq, Attempts: r.attempts, FirstFailedAt: first.t}
+		c := outboxdriver.Claimed{Seq: r.seq, Attempts: r.attempts, FirstFailedAt: first.t}
 		c.Message, c.Err = r.message()
 		out = append(out, c)
 	}
@@ -163,7 +163,7 @@ func (s *pgStore) Complete(ctx context.Context, token int64, seqs []int64) error
 	return s.db.Exec(ctx, "SELECT "+s.n.CompleteFunc+"($1, string_to_array($2, ',')::bigint[])", token, JoinSeqs(seqs))
 }
 
-func (s *pgStore) Retry(ctx context.Context, token int64, retries []outbox.Retry) error {
+func (s *pgStore) Retry(ctx context.Context, token int64, retries []outboxdriver.Retry) error {
 	js := jsonRetries(retries, pgLimits)
 	return s.db.Exec(ctx, s.fence()+`
 UPDATE `+s.n.Outbox+` AS o
@@ -180,7 +180,7 @@ UPDATE `+s.n.Outbox+` AS o
 // letters with HoldKey are not deleted but held (see hold.go): due never, leased by none,
 // where they stand. Under the fence, like Retry: a claim sees the row leased or held,
 // never in between.
-func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outbox.DeadLetter) ([]int64, error) {
+func (s *pgStore) DeadLetter(ctx context.Context, token int64, dead []outboxdriver.DeadLetter) ([]int64, error) {
 	if len(dead) == 0 {
 		return nil, nil
 	}

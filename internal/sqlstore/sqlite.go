@@ -69,7 +69,7 @@ func (sqliteDialect) Insert(ctx context.Context, q Querier, n *Names, msgs []out
 	})
 }
 
-func (sqliteDialect) Store(db DB, n *Names) outbox.Store {
+func (sqliteDialect) Store(db DB, n *Names) outboxdriver.Store {
 	s := &leaseStore{
 		db:    db,
 		n:     n,
@@ -95,7 +95,7 @@ SELECT o.seq, o."key", (o.available_at <= ` + sqliteNow + ` AND (o.lease_until I
     ON o.seq = (SELECT min(seq) FROM ` + n.Outbox + ` WHERE "key" = ks.k AND "key" <> '')`
 		},
 	}
-	s.retry = func(token int64, rs []outbox.Retry) (string, []any) {
+	s.retry = func(token int64, rs []outboxdriver.Retry) (string, []any) {
 		return `UPDATE ` + n.Outbox + ` AS o
    SET available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', r.delay_ms / 1000.0)),
        last_error = r.msg,
@@ -142,7 +142,7 @@ SELECT o.seq, o."key", (o.available_at <= ` + sqliteNow + ` AND (o.lease_until I
 // planned rows still free are leased; a planned row that is gone or no longer free (another
 // relay claimed it since the plan, or a write-back changed it) ends its key's run, and the
 // rows leased after it are given back at once (keepRuns).
-func sqliteClaim(ctx context.Context, s *leaseStore, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func sqliteClaim(ctx context.Context, s *leaseStore, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	onlyKeyless, err := s.onlyKeyless(ctx, s.db)
 	if err != nil {
 		return nil, err
@@ -191,13 +191,13 @@ RETURNING seq, id, type, "key", COALESCE(headers, ''), content_type, body, creat
 	for _, seq := range keep {
 		kept[seq] = true
 	}
-	return slices.DeleteFunc(leased, func(c outbox.Claimed) bool { return !kept[c.Seq] }), nil
+	return slices.DeleteFunc(leased, func(c outboxdriver.Claimed) bool { return !kept[c.Seq] }), nil
 }
 
 // jsonRetries encodes a Retry write-back for dialects that read per-row values from one
 // JSON argument (PostgreSQL's jsonb_to_recordset, SQLite's json_each), each error made
 // storable under lim (a broker's error text may hold anything).
-func jsonRetries(rs []outbox.Retry, lim textLimits) string {
+func jsonRetries(rs []outboxdriver.Retry, lim textLimits) string {
 	type row struct {
 		Seq     int64  `json:"seq"`
 		DelayMS int64  `json:"delay_ms"`

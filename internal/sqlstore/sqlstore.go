@@ -49,7 +49,7 @@ type Dialect interface {
 	// Insert writes messages in the caller's transaction.
 	Insert(ctx context.Context, q Querier, n *Names, msgs []outbox.Message) error
 	// Store returns the relay store over db.
-	Store(db DB, n *Names) outbox.Store
+	Store(db DB, n *Names) outboxdriver.Store
 }
 
 // Names are a dialect's validated, quoted table names.

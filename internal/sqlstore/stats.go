@@ -20,9 +20,9 @@ func statsSQL(n *Names) string {
 		"(SELECT count(DISTINCT event_key) FROM " + n.DeadLetters + " WHERE status = 'pending' AND held_seq IS NOT NULL)"
 }
 
-// readStats is every dialect store's outbox.StatsReader.
-func readStats(ctx context.Context, q Querier, n *Names) (outbox.Stats, error) {
-	st := outbox.Stats{Outbox: n.Prefix}
+// readStats is every dialect store's outboxdriver.StatsReader.
+func readStats(ctx context.Context, q Querier, n *Names) (outboxdriver.Stats, error) {
+	st := outboxdriver.Stats{Outbox: n.Prefix}
 	if n.Schema != "" {
 		st.Outbox = n.Schema + "." + n.Prefix
 	}

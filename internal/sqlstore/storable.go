@@ -329,9 +329,9 @@ func (w *dlWriter) add(ctx context.Context, db Querier, e deadletter.Entry) erro
 // hold.go), and they are inserted as dead letters, a held row's with its seq. Rows are read
 // leniently, so an unreadable row keeps its raw values (and holds its key like any other).
 // If the table refuses the rows, the transaction is run again with their minimal forms.
-func (w *dlWriter) moveDeadLetters(ctx context.Context, db DB, dead []outbox.DeadLetter,
+func (w *dlWriter) moveDeadLetters(ctx context.Context, db DB, dead []outboxdriver.DeadLetter,
 	take func(ctx context.Context, q Querier) ([]failedRow, error)) ([]int64, error) {
-	byseq := make(map[int64]outbox.DeadLetter, len(dead))
+	byseq := make(map[int64]outboxdriver.DeadLetter, len(dead))
 	for _, d := range dead {
 		byseq[d.Seq] = d
 	}
@@ -441,7 +441,7 @@ func (r *failedRow) dest() []any {
 
 // entry builds the dead letter of r. A row that could not be read keeps its columns as
 // they were in the entry's Raw.
-func (r *failedRow) entry(d outbox.DeadLetter) deadletter.Entry {
+func (r *failedRow) entry(d outboxdriver.DeadLetter) deadletter.Entry {
 	m, err := r.message()
 	e := deadletter.Entry{
 		Message:       m,

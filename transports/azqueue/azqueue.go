@@ -127,7 +127,7 @@ func checkQueueName(name string) error {
 // encode returns m's queue message text, or a permanent error (wrapping outbox.ErrTooLarge
 // when it is over the limit) before anything is sent.
 func encode(m outbox.Message, source string, enc Encoding) (string, error) {
-	doc, err := outboxce.ToStructured(m, source)
+	doc, err := cloudevents.ToStructured(m, source)
 	if err != nil {
 		return "", outbox.Permanent(fmt.Errorf("outboxazqueue: message %s cannot be encoded as a CloudEvent: %w", m.ID, err))
 	}
@@ -184,13 +184,13 @@ func decode(messageID string, text []byte) (outbox.Message, error) {
 		n, err := base64.StdEncoding.Decode(doc, b64)
 		if err != nil {
 			err = fmt.Errorf("the text is neither a JSON CloudEvent nor base64 (%v)", err)
-			return outbox.Message{}, outboxce.Malformed(err, messageID, nil, text)
+			return outbox.Message{}, cloudevents.Malformed(err, messageID, nil, text)
 		}
 		doc = doc[:n]
 	}
-	m, err := outboxce.FromStructured(doc)
+	m, err := cloudevents.FromStructured(doc)
 	if err != nil {
-		return outbox.Message{}, outboxce.Malformed(err, messageID, nil, text)
+		return outbox.Message{}, cloudevents.Malformed(err, messageID, nil, text)
 	}
 	return m, nil
 }

@@ -29,7 +29,7 @@ func BenchmarkRelayVsBareClient(b *testing.B) {
 			q := client.NewQueueClient(newQueue(b, client))
 			texts := make([]string, b.N)
 			for i := range texts {
-				doc, err := outboxce.ToStructured(benchEvent(i), "")
+				doc, err := cloudevents.ToStructured(benchEvent(i), "")
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -64,7 +64,7 @@ func BenchmarkRelayVsBareClient(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			relay, err := outbox.NewRelay(relayStore(b, ob, pool), sender, &outbox.RelayConfig{Logger: quietLogger()})
+			relay, err := relay.New(relayStore(b, ob, pool), sender, &relay.Config{Logger: quietLogger()})
 			if err != nil {
 				b.Fatal(err)
 			}

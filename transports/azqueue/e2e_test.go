@@ -38,7 +38,7 @@ func pgOutbox(t testing.TB) (*pgxpool.Pool, *outboxpgx.Outbox, string) {
 }
 
 // relayStore is ob's relay store over pool.
-func relayStore(t testing.TB, ob *outboxpgx.Outbox, pool *pgxpool.Pool) outbox.Store {
+func relayStore(t testing.TB, ob *outboxpgx.Outbox, pool *pgxpool.Pool) outboxdriver.Store {
 	t.Helper()
 	s, err := ob.NewStore(pool)
 	if err != nil {
@@ -108,7 +108,7 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(relayStore(t, ob, pool), sender, &outbox.RelayConfig{MaxPollInterval: 20 * time.Millisecond, Logger: testLogger(t)})
+	relay, err := relay.New(relayStore(t, ob, pool), sender, &relay.Config{MaxPollInterval: 20 * time.Millisecond, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestOversizeDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(relayStore(t, ob, pool), sender, &outbox.RelayConfig{Logger: testLogger(t)})
+	relay, err := relay.New(relayStore(t, ob, pool), sender, &relay.Config{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func ExampleNewSender() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func ExampleNewReceiver() {
 				continue
 			}
 			if err := handle(ctx, m); err != nil {
-				_ = d.Nack(ctx, outbox.Backoff(d.Attempt(), time.Second, time.Minute))
+				_ = d.Nack(ctx, backoff.Delay(d.Attempt(), time.Second, time.Minute))
 				continue
 			}
 			_ = d.Ack(ctx)

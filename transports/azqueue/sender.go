@@ -52,7 +52,7 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out.Concurrency = 10
 	}
 	if out.Source == "" {
-		out.Source = outboxce.DefaultSource
+		out.Source = cloudevents.DefaultSource
 	}
 	return &out
 }

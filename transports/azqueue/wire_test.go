@@ -32,12 +32,12 @@ func TestLimitBoundary(t *testing.T) {
 		limit := s.Features().MaxMessageBytes
 		exact := msg("a.b", "")
 		exact.Body = []byte(`""`)
-		doc, err := outboxce.ToStructured(exact, "")
+		doc, err := cloudevents.ToStructured(exact, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		exact.Body = []byte(`"` + strings.Repeat("x", limit-len(doc)) + `"`)
-		if doc, _ := outboxce.ToStructured(exact, ""); len(doc) != limit {
+		if doc, _ := cloudevents.ToStructured(exact, ""); len(doc) != limit {
 			t.Fatalf("%v: built a %d-byte document, want %d", enc, len(doc), limit)
 		}
 		over := exact
@@ -133,7 +133,7 @@ func TestReceiverReadsBothEncodings(t *testing.T) {
 	name := newQueue(t, client)
 	q := client.NewQueueClient(name)
 	m := msg("a.b", `{"n":1}`)
-	doc, err := outboxce.ToStructured(m, "")
+	doc, err := cloudevents.ToStructured(m, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out.Routes = maps.Clone(c.Routes)
 	}
 	if out.Source == "" {
-		out.Source = outboxce.DefaultSource
+		out.Source = cloudevents.DefaultSource
 	}
 	return &out
 }

@@ -51,8 +51,8 @@ func newPipeline(t *testing.T) *pipeline {
 }
 
 // relay returns a relay over the pipeline's outbox, fast to retry.
-func (pl *pipeline) relay(name string, s outbox.Sender) *outbox.Relay {
-	r, err := outbox.NewRelay(pl.p.Store(pl.t), s, &outbox.RelayConfig{
+func (pl *pipeline) relay(name string, s outbox.Sender) *relay.Relay {
+	r, err := relay.New(pl.p.Store(pl.t), s, &relay.Config{
 		Name: name, BatchSize: 100, Lease: 4 * time.Second, SendTimeout: 2 * time.Second,
 		RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second, MaxAttempts: 1000,
 		Logger: quiet(),

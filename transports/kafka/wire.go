@@ -15,7 +15,7 @@ const (
 	// Kafka protocol binding says ("ce_id", "ce_type"…; HTTP and NATS use "ce-").
 	HeaderPrefix = "ce_"
 	// ContentTypeHeader carries the datacontenttype attribute.
-	ContentTypeHeader = outboxce.ContentTypeHeader
+	ContentTypeHeader = cloudevents.ContentTypeHeader
 	// DedupIDHeader carries outbox.Message.DedupID: the event ID, extended for a replayed
 	// dead letter. Kafka does not deduplicate by it (the idempotent producer only drops
 	// its own retried requests); it is there for consumers and for tracing a record back
@@ -32,7 +32,7 @@ const (
 var kafkaNames = func() map[string]string {
 	m := map[string]string{}
 	for _, a := range []string{"specversion", "id", "type", "source", "time", "partitionkey", "txheaders", "traceparent", "tracestate"} {
-		m[outboxce.HeaderPrefix+a] = HeaderPrefix + a
+		m[cloudevents.HeaderPrefix+a] = HeaderPrefix + a
 	}
 	return m
 }()
@@ -42,12 +42,12 @@ var kafkaNames = func() map[string]string {
 // value (not copied).
 func encode(m outbox.Message, topic, source string) (*kgo.Record, error) {
 	hs := make([]kgo.RecordHeader, 0, 9+len(m.Headers))
-	err := outboxce.EachBinary(m, source, func(k, v string) {
-		if strings.HasPrefix(k, outboxce.HeaderPrefix) {
+	err := cloudevents.EachBinary(m, source, func(k, v string) {
+		if strings.HasPrefix(k, cloudevents.HeaderPrefix) {
 			if n, ok := kafkaNames[k]; ok {
 				k = n
 			} else {
-				k = HeaderPrefix + k[len(outboxce.HeaderPrefix):]
+				k = HeaderPrefix + k[len(cloudevents.HeaderPrefix):]
 			}
 		}
 		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)})
@@ -105,9 +105,9 @@ func decode(r *kgo.Record) (outbox.Message, error) {
 	for _, rh := range r.Headers {
 		h[rh.Key] = string(rh.Value)
 	}
-	m, err := outboxce.FromBinary(h, r.Value)
+	m, err := cloudevents.FromBinary(h, r.Value)
 	if err != nil {
-		me := outboxce.Malformed(err, brokerID(r), h, r.Value)
+		me := cloudevents.Malformed(err, brokerID(r), h, r.Value)
 		me.Err = fmt.Errorf("outboxkafka: record %s: %w", brokerID(r), me.Err)
 		if me.Partial.Key == "" {
 			me.Partial.Key = string(r.Key)

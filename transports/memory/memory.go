@@ -1,9 +1,9 @@
-// Package outboxmem is an in-process transport: a [Queue] is both the relay's Sender and a
+// Package outboxmemory is an in-process transport: a [Queue] is both the relay's Sender and a
 // consumer's Receiver. It is for tests and examples (nothing survives the process), and it
 // behaves like a real broker where that matters to them: redelivery after a visibility
 // timeout, delivery counts, optional per-key FIFO and dedup by message ID, and injectable
 // send and ping failures (Config.SendHook, Config.PingHook).
-package outboxmem
+package outboxmemory
 
 import (
 	"context"
@@ -91,7 +91,7 @@ func (q *Queue) Send(ctx context.Context, msgs []outbox.Message) error {
 	now := time.Now()
 	for i, m := range msgs {
 		if q.cfg.MaxMessageBytes > 0 && len(m.Body) > q.cfg.MaxMessageBytes {
-			failed[i] = fmt.Errorf("outboxmem: message %s is %d bytes, over the limit of %d: %w", m.ID, len(m.Body), q.cfg.MaxMessageBytes, outbox.ErrTooLarge)
+			failed[i] = fmt.Errorf("outboxmemory: message %s is %d bytes, over the limit of %d: %w", m.ID, len(m.Body), q.cfg.MaxMessageBytes, outbox.ErrTooLarge)
 			continue
 		}
 		if q.cfg.SendHook != nil {
@@ -253,7 +253,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	d.q.mu.Lock()
 	defer d.q.mu.Unlock()
 	if d.e.receipt != d.receipt || d.e.done {
-		return fmt.Errorf("outboxmem: ack of message %s with a stale receipt", d.e.msg.ID)
+		return fmt.Errorf("outboxmemory: ack of message %s with a stale receipt", d.e.msg.ID)
 	}
 	d.e.done = true
 	d.q.live--
@@ -265,7 +265,7 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 	d.q.mu.Lock()
 	defer d.q.mu.Unlock()
 	if d.e.receipt != d.receipt || d.e.done {
-		return fmt.Errorf("outboxmem: nack of message %s with a stale receipt", d.e.msg.ID)
+		return fmt.Errorf("outboxmemory: nack of message %s with a stale receipt", d.e.msg.ID)
 	}
 	d.e.visibleAt = time.Now().Add(delay)
 	d.q.wakeLocked()

@@ -1,4 +1,4 @@
-package outboxmem_test
+package outboxmemory_test
 
 import (
 	"context"
@@ -9,17 +9,17 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxmem "github.com/txoutbox/outbox/transports/memory"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 func TestConformance(t *testing.T) {
-	for name, cfg := range map[string]*outboxmem.Config{
+	for name, cfg := range map[string]*outboxmemory.Config{
 		"standard": nil,
 		"fifo":     {FIFO: true, DedupWindow: 5 * time.Minute, MaxMessageBytes: 1024},
 	} {
 		t.Run(name, func(t *testing.T) {
 			outboxtest.ExerciseTransport(t, func(t *testing.T) *outboxtest.TransportFixture {
-				q := outboxmem.New(cfg)
+				q := outboxmemory.New(cfg)
 				return &outboxtest.TransportFixture{Sender: q, Receiver: q, Features: q.Features(),
 					Outage: func(t *testing.T) *outboxtest.OutageFixture { return outage(cfg) }}
 			})
@@ -30,9 +30,9 @@ func TestConformance(t *testing.T) {
 // outage is a queue whose SendHook refuses every message, and whose PingHook every ping,
 // while the "broker" is down, as a broker that cannot be reached would: with an error
 // marked outbox.Unavailable.
-func outage(cfg *outboxmem.Config) *outboxtest.OutageFixture {
+func outage(cfg *outboxmemory.Config) *outboxtest.OutageFixture {
 	var down atomic.Bool
-	c := outboxmem.Config{}
+	c := outboxmemory.Config{}
 	if cfg != nil {
 		c = *cfg
 	}
@@ -44,7 +44,7 @@ func outage(cfg *outboxmem.Config) *outboxtest.OutageFixture {
 	}
 	c.SendHook = func(outbox.Message) error { return refused() }
 	c.PingHook = func(context.Context) error { return refused() }
-	q := outboxmem.New(&c)
+	q := outboxmemory.New(&c)
 	return &outboxtest.OutageFixture{
 		Sender: q, Receiver: q, Features: q.Features(),
 		Stop:  func(testing.TB) { down.Store(true) },

@@ -74,7 +74,7 @@ func catchUp(b *testing.B, n, keys int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(store, sender, &outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	relay, err := relay.New(store, sender, &relay.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
 	}

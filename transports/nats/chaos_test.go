@@ -201,9 +201,9 @@ type chaosPipeline struct {
 	sender   *chaosSender
 	receiver *countingReceiver
 	store    *chaosStore
-	relays   []*outbox.Relay
+	relays   []*relay.Relay
 	// onStateChange, when set before start, hears the relays' OnStateChange.
-	onStateChange func(relay string, s outbox.RelayState)
+	onStateChange func(relay string, s relay.State)
 	logs          *logCounter
 	handled       idSet // every event a handler was called with, attempts and redeliveries included
 	acks          struct {
@@ -271,12 +271,12 @@ func (pl *chaosPipeline) start() {
 	if maxAttempts == 0 {
 		maxAttempts = 100
 	}
-	var relays []*outbox.Relay
+	var relays []*relay.Relay
 	for i := range 2 {
 		name := fmt.Sprintf("chaos-relay-%d", i)
-		r, err := outbox.NewRelay(store, pl.sender, &outbox.RelayConfig{
+		r, err := relay.New(store, pl.sender, &relay.Config{
 			Name: name,
-			OnStateChange: func(_ context.Context, s outbox.RelayState) {
+			OnStateChange: func(_ context.Context, s relay.State) {
 				if pl.onStateChange != nil {
 					pl.onStateChange(name, s)
 				}
@@ -708,12 +708,12 @@ func chaosPool(t *testing.T, app string, maxConns int32) *pgxpool.Pool {
 
 // chaosStore records the highest attempt number the relays claimed.
 type chaosStore struct {
-	outbox.Store
+	outboxdriver.Store
 	mu         sync.Mutex
 	maxAttempt int
 }
 
-func (s *chaosStore) Claim(ctx context.Context, p outbox.ClaimParams) ([]outbox.Claimed, error) {
+func (s *chaosStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
 	claimed, err := s.Store.Claim(ctx, p)
 	s.mu.Lock()
 	defer s.mu.Unlock()

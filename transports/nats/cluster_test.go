@@ -137,7 +137,7 @@ type outageLog struct {
 	spans []time.Duration
 }
 
-func (o *outageLog) record(relay string, s outbox.RelayState) {
+func (o *outageLog) record(relay string, s relay.State) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.since == nil {

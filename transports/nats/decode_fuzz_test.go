@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txoutbox/outbox"
-	outboxce "github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
@@ -23,7 +23,7 @@ func FuzzDecode(f *testing.F) {
 	m := outbox.Message{ID: uuid.Must(uuid.NewV7()), Type: "a.b", Key: "k", ContentType: "application/json",
 		Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "X-Tenant": "acme"},
 		Body:    []byte(`{"n":1}`), CreatedAt: time.Unix(1, 0).UTC()}
-	h, err := outboxce.ToBinary(m, "")
+	h, err := cloudevents.ToBinary(m, "")
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func FuzzDecode(f *testing.F) {
 		if got.ID == uuid.Nil || got.Type == "" {
 			t.Fatalf("decoded an event without ID or type: %+v", got)
 		}
-		out, err := outboxce.ToBinary(got, "/fuzz")
+		out, err := cloudevents.ToBinary(got, "/fuzz")
 		if err != nil {
 			return // a header that is not UTF-8 cannot be written
 		}

@@ -26,10 +26,10 @@ type orderPlaced struct {
 
 func (orderPlaced) EventType() string { return "orders.placed" }
 
-func quietRelay(t testing.TB, p *pgxtest.Outbox, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
+func quietRelay(t testing.TB, p *pgxtest.Outbox, s outbox.Sender, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	r, err := outbox.NewRelay(p.Store(t), s, &cfg)
+	r, err := relay.New(p.Store(t), s, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestEndToEnd(t *testing.T) {
 	p := pgxtest.New(t, "outboxnats")
 	_, js := connect(t)
 	d := newDestination(t, js, outboxnats.Topology{}, outboxnats.SenderConfig{})
-	relay := quietRelay(t, p, d.sender, outbox.RelayConfig{BatchSize: 50})
+	relay := quietRelay(t, p, d.sender, relay.Config{BatchSize: 50})
 
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -157,7 +157,7 @@ func TestRelayResendIsDeduplicated(t *testing.T) {
 	ctx := context.Background()
 
 	// The crashed relay: claim with a lease that expires at once, send, never complete.
-	claimed, err := p.Store(t).Claim(ctx, outbox.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: time.Millisecond})
+	claimed, err := p.Store(t).Claim(ctx, outboxdriver.ClaimParams{Owner: "crashed", Token: 1, Limit: 10, Lease: time.Millisecond})
 	if err != nil || len(claimed) != n {
 		t.Fatalf("claimed %d, %v", len(claimed), err)
 	}
@@ -170,7 +170,7 @@ func TestRelayResendIsDeduplicated(t *testing.T) {
 	}
 
 	// The relay that takes over re-claims the batch once the lease has expired.
-	relay := quietRelay(t, p, d.sender, outbox.RelayConfig{})
+	relay := quietRelay(t, p, d.sender, relay.Config{})
 	deadline := time.Now().Add(10 * time.Second)
 	for sent := 0; sent == 0; {
 		if sent, err = relay.RunOnce(ctx); err != nil {
@@ -226,7 +226,7 @@ func TestOversizeIsDeadLettered(t *testing.T) {
 	small2 := outbox.New(orderPlaced{OrderID: "after"})
 	p.Commit(t, small1, big, small2)
 
-	relay := quietRelay(t, p, d.sender, outbox.RelayConfig{BatchSize: 10})
+	relay := quietRelay(t, p, d.sender, relay.Config{BatchSize: 10})
 	if n, err := relay.RunOnce(context.Background()); err != nil || n != 3 {
 		t.Fatalf("RunOnce = %d, %v; want the 3 events in one claim", n, err)
 	}

@@ -51,7 +51,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func Example() {
 		}
 		e, err := outbox.Decode[orderPlaced](m)
 		if err != nil {
-			_ = d.Nack(ctx, outbox.Backoff(d.Attempt(), time.Second, time.Minute))
+			_ = d.Nack(ctx, backoff.Delay(d.Attempt(), time.Second, time.Minute))
 			continue
 		}
 		fmt.Println("order placed:", e.Payload.OrderID)

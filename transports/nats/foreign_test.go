@@ -14,7 +14,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
-	outboxce "github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxnats "github.com/txoutbox/outbox/transports/nats"
@@ -70,7 +70,7 @@ func TestForeignEventHandledOnce(t *testing.T) {
 	}
 	consumer.Handle(c, outboxpgx.IdempotentAt(p.Outbox, p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[shopOrder]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+p.Schema+".effects VALUES ($1, $2, $3)",
-			e.ID, e.Headers[outboxce.IDHeader], e.Headers[outboxce.SourceHeader])
+			e.ID, e.Headers[cloudevents.IDHeader], e.Headers[cloudevents.SourceHeader])
 		return err
 	}))
 	cctx, stop := context.WithCancel(ctx)
@@ -94,8 +94,8 @@ func TestForeignEventHandledOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []struct{ ID, ForeignID, Source string }{
-		{outboxce.EventID("/shop/orders", "order-42-created").String(), "order-42-created", "/shop/orders"},
-		{outboxce.EventID("/shop/returns", "order-42-created").String(), "order-42-created", "/shop/returns"},
+		{cloudevents.EventID("/shop/orders", "order-42-created").String(), "order-42-created", "/shop/orders"},
+		{cloudevents.EventID("/shop/returns", "order-42-created").String(), "order-42-created", "/shop/returns"},
 	}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("effects %v, want one per (source, id): %v", got, want)

@@ -334,13 +334,13 @@ func decode(hs nats.Header, data []byte, brokerID string) (outbox.Message, error
 			h[k] = vs[0]
 		}
 	}
-	m, err := outboxce.FromBinary(h, data)
+	m, err := cloudevents.FromBinary(h, data)
 	if err != nil {
 		raw := make(map[string]string, len(hs))
 		for k, vs := range hs {
 			raw[k] = strings.Join(vs, "\n")
 		}
-		return outbox.Message{}, outboxce.Malformed(err, brokerID, raw, data)
+		return outbox.Message{}, cloudevents.Malformed(err, brokerID, raw, data)
 	}
 	return m, nil
 }

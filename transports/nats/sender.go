@@ -55,7 +55,7 @@ func (c *SenderConfig) withDefaults() SenderConfig {
 		out.SubjectPrefix = DefaultSubjectPrefix
 	}
 	if out.Source == "" {
-		out.Source = outboxce.DefaultSource
+		out.Source = cloudevents.DefaultSource
 	}
 	if out.MaxPending == 0 {
 		out.MaxPending = 1000
@@ -344,7 +344,7 @@ func (s *Sender) encode(m outbox.Message, limit int, limitName string, e *encodi
 		unsafe error
 		ceID   string
 	)
-	if err := outboxce.EachBinary(m, s.cfg.Source, func(k, v string) {
+	if err := cloudevents.EachBinary(m, s.cfg.Source, func(k, v string) {
 		if unsafe == nil && !headerSafe(v) {
 			unsafe = outbox.Permanent(fmt.Errorf("outboxnats: message %s: header %s value %q cannot travel in a NATS header (leading or trailing space, or a line break)", m.ID, k, v))
 		}
@@ -359,7 +359,7 @@ func (s *Sender) encode(m outbox.Message, limit int, limitName string, e *encodi
 		return nil, unsafe
 	}
 	dedup := ceID // m.ID as text, unless a foreign id or a replay makes DedupID differ
-	if m.Headers[outboxce.IDHeader] != "" || m.Headers[outbox.ReplayHeader] != "" || ceID == "" {
+	if m.Headers[cloudevents.IDHeader] != "" || m.Headers[outbox.ReplayHeader] != "" || ceID == "" {
 		dedup = m.DedupID()
 	}
 	set(jetstream.MsgIDHeader, dedup)
@@ -376,7 +376,7 @@ func (s *Sender) encode(m outbox.Message, limit int, limitName string, e *encodi
 }
 
 // idHeader carries the CloudEvents id in binary mode.
-const idHeader = outboxce.HeaderPrefix + "id"
+const idHeader = cloudevents.HeaderPrefix + "id"
 
 // headerLine is the size of one "key: value\r\n" header line.
 func headerLine(k, v string) int { return len(k) + len(": ") + len(v) + len("\r\n") }

@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/internal/benchtest"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // BenchmarkRabbitMQ compares, in one run and against the same broker, the rate at which
@@ -23,7 +23,7 @@ import (
 //     the Sender sends (persistent, mandatory, the cloudEvents: headers, message-id), in
 //     batches of 500, waiting for every confirm of a batch: the broker's own rate from a
 //     client that gives the same guarantee;
-//   - sender: outboxamqp.Sender.Send in batches of 500, without a database;
+//   - sender: outboxrabbitmq.Sender.Send in batches of 500, without a database;
 //   - relay: events committed to a PostgreSQL outbox, drained by a relay with the default
 //     config (Run: batches of 500), timed until Run has returned with every batch written
 //     back.
@@ -38,7 +38,7 @@ func BenchmarkRabbitMQ(b *testing.B) {
 	body := []byte(`{"order_id":"o-123456","note":"benchmark event"}`)
 	typ := orderPlaced{}.EventType()
 	fresh := func() *destination {
-		return newDestination(b, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+		return newDestination(b, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	}
 	newMessages := func(n int) []outbox.Message {
 		msgs := make([]outbox.Message, n)
@@ -61,7 +61,7 @@ func BenchmarkRabbitMQ(b *testing.B) {
 	}
 	bareDst := fresh()
 	probe := newMessages(1)[0]
-	if got, want := must(outboxamqp.Encode(bareDst.sender, probe)), publishing(probe); !maps.Equal(got.Headers, want.Headers) ||
+	if got, want := must(outboxrabbitmq.Encode(bareDst.sender, probe)), publishing(probe); !maps.Equal(got.Headers, want.Headers) ||
 		got.ContentType != want.ContentType || got.MessageId != want.MessageId || got.DeliveryMode != want.DeliveryMode {
 		b.Fatalf("the bare loop publishes %+v, the Sender %+v", want, got)
 	}
@@ -108,7 +108,7 @@ func BenchmarkRabbitMQ(b *testing.B) {
 			}
 		}
 	}
-	pg := pgxtest.New(b, "outboxamqp")
+	pg := pgxtest.New(b, "outboxrabbitmq")
 	relayDst := fresh()
 	relay := benchtest.RelayPath(b, pg.Store(b), relayDst.sender, func(n int) {
 		for start := 0; start < n; start += 1000 {

@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // TestChaosBrokerKilled runs two pipelines — producers committing (and rolling back)
@@ -100,9 +100,9 @@ func newChaosPipeline(t *testing.T, url string, ordered bool) *chaosPipeline {
 	if ordered {
 		name = "ordered"
 	}
-	pl := &chaosPipeline{t: t, name: name, ordered: ordered, p: pgxtest.New(t, "outboxamqp"),
+	pl := &chaosPipeline{t: t, name: name, ordered: ordered, p: pgxtest.New(t, "outboxrabbitmq"),
 		committed: map[uuid.UUID]bool{}, rolledBack: map[uuid.UUID]bool{}}
-	pl.d = newDestinationAt(t, url, outboxamqp.Topology{Ordered: ordered}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{MaxWait: 500 * time.Millisecond})
+	pl.d = newDestinationAt(t, url, outboxrabbitmq.Topology{Ordered: ordered}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{MaxWait: 500 * time.Millisecond})
 	if _, err := pl.p.Pool.Exec(context.Background(), "CREATE TABLE "+pl.p.Schema+".effects (n bigserial, event_id uuid NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
@@ -125,9 +125,9 @@ func (s countingFailures) Send(ctx context.Context, msgs []outbox.Message) error
 // start runs two relays, the consumer, and two producers until production ends.
 func (pl *chaosPipeline) start(production context.Context) {
 	t := pl.t
-	var relays []*outbox.Relay
+	var relays []*relay.Relay
 	for i := range 2 {
-		r, err := outbox.NewRelay(pl.p.Store(t), countingFailures{pl.d.sender, &pl.failedSends}, &outbox.RelayConfig{
+		r, err := relay.New(pl.p.Store(t), countingFailures{pl.d.sender, &pl.failedSends}, &relay.Config{
 			Name: fmt.Sprintf("chaos-%s-%d", pl.name, i), BatchSize: 100, Lease: 2 * time.Second,
 			// The outage spends no attempt (the sender marks its failures outbox.Unavailable
 			// and the relay pauses), so the default MaxAttempts holds even with retries 10×

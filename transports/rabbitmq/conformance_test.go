@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // TestConformance runs the transport suite against RabbitMQ, with a fresh exchange and
@@ -23,17 +23,17 @@ func TestConformance(t *testing.T) {
 	admin(t, outboxtest.AMQPURL()) // skip (or fail under CI) at once when the broker is down
 	for _, v := range []struct {
 		name   string
-		top    outboxamqp.Topology
-		scfg   outboxamqp.SenderConfig
+		top    outboxrabbitmq.Topology
+		scfg   outboxrabbitmq.SenderConfig
 		outage bool // the Outage subtests run on a private RabbitMQ node
 	}{
 		{name: "standard", outage: true},
-		{name: "small-limit", scfg: outboxamqp.SenderConfig{MaxMessageBytes: 4096}},
-		{name: "ordered", top: outboxamqp.Topology{Ordered: true}},
+		{name: "small-limit", scfg: outboxrabbitmq.SenderConfig{MaxMessageBytes: 4096}},
+		{name: "ordered", top: outboxrabbitmq.Topology{Ordered: true}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			outboxtest.ExerciseTransport(t, func(t *testing.T) *outboxtest.TransportFixture {
-				d := newDestination(t, v.top, v.scfg, outboxamqp.ReceiverConfig{})
+				d := newDestination(t, v.top, v.scfg, outboxrabbitmq.ReceiverConfig{})
 				var outage func(t *testing.T) *outboxtest.OutageFixture
 				if v.outage {
 					outage = func(t *testing.T) *outboxtest.OutageFixture { return rabbitOutage(t, v.top, v.scfg) }
@@ -42,7 +42,7 @@ func TestConformance(t *testing.T) {
 					Outage:   outage,
 					Sender:   d.sender,
 					Receiver: d.receiver,
-					Features: outboxamqp.Features(d.sender, d.top),
+					Features: outboxrabbitmq.Features(d.sender, d.top),
 					SendRaw: func(ctx context.Context, body []byte) error {
 						return d.admin.PublishWithContext(ctx, d.top.Exchange, "raw", true, false, amqp.Publishing{Body: body})
 					},
@@ -87,7 +87,7 @@ func receiveForeign(ctx context.Context, ch *amqp.Channel, queue string) (outbox
 		}
 		m := outboxtest.ForeignMessage{Headers: map[string]string{}, Body: d.Body}
 		for k, v := range d.Headers {
-			if name, ok := strings.CutPrefix(k, outboxamqp.PropertyPrefix); ok {
+			if name, ok := strings.CutPrefix(k, outboxrabbitmq.PropertyPrefix); ok {
 				k = "ce-" + name
 			}
 			m.Headers[k] = fmt.Sprint(v)
@@ -102,17 +102,17 @@ func receiveForeign(ctx context.Context, ch *amqp.Channel, queue string) (outbox
 // rabbitOutage is a destination on a private RabbitMQ node, which the suite SIGKILLs and
 // starts again on the same ports and data directory (durable queues and persistent
 // messages survive it).
-func rabbitOutage(t *testing.T, top outboxamqp.Topology, scfg outboxamqp.SenderConfig) *outboxtest.OutageFixture {
+func rabbitOutage(t *testing.T, top outboxrabbitmq.Topology, scfg outboxrabbitmq.SenderConfig) *outboxtest.OutageFixture {
 	node := startRabbitMQ(t)
-	d := newDestinationAt(t, node.url(), top, scfg, outboxamqp.ReceiverConfig{MaxWait: 500 * time.Millisecond})
+	d := newDestinationAt(t, node.url(), top, scfg, outboxrabbitmq.ReceiverConfig{MaxWait: 500 * time.Millisecond})
 	return &outboxtest.OutageFixture{
 		Sender:   d.sender,
 		Receiver: d.receiver,
-		Features: outboxamqp.Features(d.sender, d.top),
+		Features: outboxrabbitmq.Features(d.sender, d.top),
 		Stop:     func(testing.TB) { node.Kill() },
 		Start:    func(testing.TB) { node.Start() },
 		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
-			return pgxtest.New(t, "outboxamqp").Pipeline(t, d.sender, d.receiver)
+			return pgxtest.New(t, "outboxrabbitmq").Pipeline(t, d.sender, d.receiver)
 		},
 	}
 }

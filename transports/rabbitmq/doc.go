@@ -1,4 +1,4 @@
-// Package outboxamqp is the RabbitMQ transport of txoutbox, built on amqp091-go (AMQP 0-9-1).
+// Package outboxrabbitmq is the RabbitMQ transport of txoutbox, built on amqp091-go (AMQP 0-9-1).
 //
 // A [Sender] publishes the relay's batches to an exchange with publisher confirms: every
 // message is persistent and mandatory, and counts as delivered only once the broker
@@ -79,4 +79,4 @@
 // the queue can hold (16 MiB, RabbitMQ 4's max_message_size): 4 messages at the defaults.
 // Set MaxMessageBytes to your largest message (and the broker's max_message_size to match)
 // for a larger Prefetch under the same bound.
-package outboxamqp
+package outboxrabbitmq

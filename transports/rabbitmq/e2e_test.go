@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 type orderPlaced struct {
@@ -44,12 +44,12 @@ func TestEndToEnd(t *testing.T) {
 	}{{"standard", false}, {"ordered", true}} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
-			p := pgxtest.New(t, "outboxamqp")
-			d := newDestination(t, outboxamqp.Topology{Ordered: v.ordered}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+			p := pgxtest.New(t, "outboxrabbitmq")
+			d := newDestination(t, outboxrabbitmq.Topology{Ordered: v.ordered}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 			if _, err := p.Pool.Exec(context.Background(), "CREATE TABLE "+p.Schema+".effects (n bigserial, event_id uuid NOT NULL)"); err != nil {
 				t.Fatal(err)
 			}
-			relay, err := outbox.NewRelay(p.Store(t), d.sender, &outbox.RelayConfig{BatchSize: 50, Logger: quiet})
+			relay, err := relay.New(p.Store(t), d.sender, &relay.Config{BatchSize: 50, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/consumer"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // The whole path: events committed to a PostgreSQL outbox are relayed to the topic exchange
@@ -22,7 +22,7 @@ import (
 func Example() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	broker := outboxamqp.Connection{URL: "amqp://guest:guest@127.0.0.1:5672/"}
+	broker := outboxrabbitmq.Connection{URL: "amqp://guest:guest@127.0.0.1:5672/"}
 
 	// Usually declared by infrastructure code; Declare suits tests and examples.
 	conn, err := amqp.Dial(broker.URL)
@@ -33,14 +33,14 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := outboxamqp.Declare(ch, outboxamqp.Topology{Queue: "billing", Bindings: []string{"orders.*"}}); err != nil {
+	if err := outboxrabbitmq.Declare(ch, outboxrabbitmq.Topology{Queue: "billing", Bindings: []string{"orders.*"}}); err != nil {
 		log.Fatal(err)
 	}
 	_ = conn.Close()
 
 	// Producer side: "orders.placed" events go to exchange "events" with routing key
 	// "orders.placed".
-	sender, err := outboxamqp.NewSender(broker, nil)
+	sender, err := outboxrabbitmq.NewSender(broker, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -54,14 +54,14 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	go relay.Run(ctx)
 
 	// Consumer side: failures are retried through the retry queues, then dead-lettered.
-	receiver, err := outboxamqp.NewReceiver(broker, &outboxamqp.ReceiverConfig{Queue: "billing"})
+	receiver, err := outboxrabbitmq.NewReceiver(broker, &outboxrabbitmq.ReceiverConfig{Queue: "billing"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -86,11 +86,11 @@ func Example() {
 // Per-key order through retries: an ordered (single-active-consumer) queue and an ordered
 // receiver, one message in flight.
 func ExampleTopology_ordered() {
-	top := outboxamqp.Topology{Queue: "shipments", Bindings: []string{"orders.#"}, Ordered: true}
+	top := outboxrabbitmq.Topology{Queue: "shipments", Bindings: []string{"orders.#"}, Ordered: true}
 	fmt.Println(top.QueueNames())
 
-	broker := outboxamqp.Connection{URL: "amqp://guest:guest@127.0.0.1:5672/"}
-	receiver, err := outboxamqp.NewReceiver(broker, &outboxamqp.ReceiverConfig{Queue: top.Queue, Ordered: true})
+	broker := outboxrabbitmq.Connection{URL: "amqp://guest:guest@127.0.0.1:5672/"}
+	receiver, err := outboxrabbitmq.NewReceiver(broker, &outboxrabbitmq.ReceiverConfig{Queue: top.Queue, Ordered: true})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func ExampleTopology_ordered() {
 // Retry queues: a Nack's delay rounds up to the next retry queue's delay.
 func ExampleRetryQueueName() {
 	for _, d := range []time.Duration{250 * time.Millisecond, 5 * time.Second, 2 * time.Minute, time.Hour} {
-		fmt.Println(outboxamqp.RetryQueueName("billing", d))
+		fmt.Println(outboxrabbitmq.RetryQueueName("billing", d))
 	}
 	// Output:
 	// billing.retry.250ms

@@ -1,4 +1,4 @@
-package outboxamqp
+package outboxrabbitmq
 
 import (
 	amqp "github.com/rabbitmq/amqp091-go"

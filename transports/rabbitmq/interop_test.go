@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // node runs testdata/cloudevents-amqp.cjs with the CloudEvents JavaScript SDK and amqplib
@@ -51,7 +51,7 @@ func node(t *testing.T, args ...string) []byte {
 // txheaders extension carrying a header that is not a valid extension name.
 func TestInteropJavaScriptReads(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{Source: "/orders-service"}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{Source: "/orders-service"}, outboxrabbitmq.ReceiverConfig{})
 	m := message("orders.placed", "customer-7", `{"order_id":"o-1","note":"ünïcode"}`)
 	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "X-Tenant": "acme"}
 	if err := d.sender.Send(context.Background(), []outbox.Message{m}); err != nil {
@@ -87,7 +87,7 @@ func TestInteropJavaScriptReads(t *testing.T) {
 // event, its partition key and source intact.
 func TestInteropJavaScriptWrites(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	id := uuid.Must(uuid.NewV7())
 	node(t, "write", outboxtest.AMQPURL(), d.top.Exchange, "orders.placed", id.String())
 	dl := outboxtest.ReceiveN(t, d.receiver, 1, 10*time.Second)[0]

@@ -1,4 +1,4 @@
-package outboxamqp
+package outboxrabbitmq
 
 import (
 	"context"
@@ -124,7 +124,7 @@ func newLink(c Connection) *link {
 }
 
 // errLinkClosed is returned by a link used after Close.
-var errLinkClosed = fmt.Errorf("outboxamqp: %w", outbox.ErrClosed)
+var errLinkClosed = fmt.Errorf("outboxrabbitmq: %w", outbox.ErrClosed)
 
 // connection returns the open connection, dialling one if there is none. A dial that
 // fails, for whatever reason (refused, DNS, TLS, credentials, vhost), fails with an error
@@ -136,7 +136,7 @@ func (l *link) connection(ctx context.Context) (*amqp.Connection, error) {
 	select {
 	case l.dialing <- struct{}{}:
 	case <-ctx.Done():
-		return nil, markBrokerFault(fmt.Errorf("outboxamqp: waiting to connect to %s: %w", l.where, ctx.Err()))
+		return nil, markBrokerFault(fmt.Errorf("outboxrabbitmq: waiting to connect to %s: %w", l.where, ctx.Err()))
 	}
 	defer func() { <-l.dialing }()
 	if c, err := l.current(); c != nil || err != nil { // another caller dialled meanwhile
@@ -148,14 +148,14 @@ func (l *link) connection(ctx context.Context) (*amqp.Connection, error) {
 	l.mu.Unlock()
 	if wait > 0 {
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-			return nil, outbox.Unavailable(fmt.Errorf("outboxamqp: broker at %s unreachable, next dial in %v: %w", l.where, wait.Round(time.Millisecond), lastErr))
+			return nil, outbox.Unavailable(fmt.Errorf("outboxrabbitmq: broker at %s unreachable, next dial in %v: %w", l.where, wait.Round(time.Millisecond), lastErr))
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return nil, outbox.Unavailable(fmt.Errorf("outboxamqp: broker at %s unreachable (%w): %w", l.where, lastErr, ctx.Err()))
+			return nil, outbox.Unavailable(fmt.Errorf("outboxrabbitmq: broker at %s unreachable (%w): %w", l.where, lastErr, ctx.Err()))
 		}
 	}
 
@@ -174,15 +174,15 @@ func (l *link) connection(ctx context.Context) (*amqp.Connection, error) {
 	if err != nil {
 		l.failures++
 		l.lastErr = redact(err, l.cfg.URL)
-		l.next = time.Now().Add(outbox.Backoff(l.failures, l.cfg.ReconnectBackoff, l.cfg.MaxReconnectBackoff))
-		return nil, outbox.Unavailable(fmt.Errorf("outboxamqp: connecting to %s: %w", l.where, l.lastErr))
+		l.next = time.Now().Add(backoff.Delay(l.failures, l.cfg.ReconnectBackoff, l.cfg.MaxReconnectBackoff))
+		return nil, outbox.Unavailable(fmt.Errorf("outboxrabbitmq: connecting to %s: %w", l.where, l.lastErr))
 	}
 	if l.closed {
 		_ = conn.Close()
 		return nil, errLinkClosed
 	}
 	if l.dials > 0 {
-		l.cfg.Logger.Info("outboxamqp: reconnected", "broker", l.where, "after_failed_dials", l.failures)
+		l.cfg.Logger.Info("outboxrabbitmq: reconnected", "broker", l.where, "after_failed_dials", l.failures)
 	}
 	l.conn, l.failures, l.lastErr, l.blocked, l.next = conn, 0, nil, "", time.Time{}
 	l.dials++
@@ -213,7 +213,7 @@ func (l *link) watch(conn *amqp.Connection) {
 			select {
 			case err, ok := <-closed:
 				if ok && err != nil {
-					l.cfg.Logger.Warn("outboxamqp: connection lost", "broker", l.where, "err", err)
+					l.cfg.Logger.Warn("outboxrabbitmq: connection lost", "broker", l.where, "err", err)
 				}
 				for range blocked { // closed with the connection
 				}
@@ -232,7 +232,7 @@ func (l *link) watch(conn *amqp.Connection) {
 				}
 				l.mu.Unlock()
 				if b.Active {
-					l.cfg.Logger.Warn("outboxamqp: the broker blocks publishing on this connection", "broker", l.where, "reason", b.Reason)
+					l.cfg.Logger.Warn("outboxrabbitmq: the broker blocks publishing on this connection", "broker", l.where, "reason", b.Reason)
 				}
 			}
 		}

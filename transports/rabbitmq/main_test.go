@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"crypto/rand"
@@ -10,7 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -21,7 +21,7 @@ func admin(t testing.TB, url string) *amqp.Channel {
 	t.Helper()
 	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	if err != nil {
-		outboxtest.RequireService(t, "RabbitMQ at "+outboxamqp.Where(url), err)
+		outboxtest.RequireService(t, "RabbitMQ at "+outboxrabbitmq.Where(url), err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
@@ -44,19 +44,19 @@ var testDelays = []time.Duration{200 * time.Millisecond, time.Second, 2 * time.S
 // destination is a fresh exchange and queue (with retry queues), a sender and a receiver
 // for one test; everything is deleted and closed at its end.
 type destination struct {
-	top      outboxamqp.Topology
+	top      outboxrabbitmq.Topology
 	admin    *amqp.Channel
-	sender   *outboxamqp.Sender
-	receiver *outboxamqp.Receiver
-	conn     outboxamqp.Connection
+	sender   *outboxrabbitmq.Sender
+	receiver *outboxrabbitmq.Receiver
+	conn     outboxrabbitmq.Connection
 }
 
-func newDestination(t testing.TB, top outboxamqp.Topology, scfg outboxamqp.SenderConfig, rcfg outboxamqp.ReceiverConfig) *destination {
+func newDestination(t testing.TB, top outboxrabbitmq.Topology, scfg outboxrabbitmq.SenderConfig, rcfg outboxrabbitmq.ReceiverConfig) *destination {
 	t.Helper()
 	return newDestinationAt(t, outboxtest.AMQPURL(), top, scfg, rcfg)
 }
 
-func newDestinationAt(t testing.TB, url string, top outboxamqp.Topology, scfg outboxamqp.SenderConfig, rcfg outboxamqp.ReceiverConfig) *destination {
+func newDestinationAt(t testing.TB, url string, top outboxrabbitmq.Topology, scfg outboxrabbitmq.SenderConfig, rcfg outboxrabbitmq.ReceiverConfig) *destination {
 	t.Helper()
 	ch := admin(t, url)
 	id := unique()
@@ -65,19 +65,19 @@ func newDestinationAt(t testing.TB, url string, top outboxamqp.Topology, scfg ou
 	if top.RetryDelays == nil {
 		top.RetryDelays = testDelays
 	}
-	if err := outboxamqp.Declare(ch, top); err != nil {
+	if err := outboxrabbitmq.Declare(ch, top); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { deleteTopology(t, url, top) })
-	d := &destination{top: top, admin: ch, conn: outboxamqp.Connection{URL: url, ReconnectBackoff: 50 * time.Millisecond, MaxReconnectBackoff: time.Second}}
+	d := &destination{top: top, admin: ch, conn: outboxrabbitmq.Connection{URL: url, ReconnectBackoff: 50 * time.Millisecond, MaxReconnectBackoff: time.Second}}
 	scfg.Exchange = top.Exchange
 	var err error
-	if d.sender, err = outboxamqp.NewSender(d.conn, &scfg); err != nil {
+	if d.sender, err = outboxrabbitmq.NewSender(d.conn, &scfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.sender.Close() })
 	rcfg.Queue, rcfg.RetryDelays, rcfg.Ordered = top.Queue, top.RetryDelays, top.Ordered
-	if d.receiver, err = outboxamqp.NewReceiver(d.conn, &rcfg); err != nil {
+	if d.receiver, err = outboxrabbitmq.NewReceiver(d.conn, &rcfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.receiver.Close() })
@@ -86,7 +86,7 @@ func newDestinationAt(t testing.TB, url string, top outboxamqp.Topology, scfg ou
 
 // deleteTopology deletes top's queues and exchange, on a connection of its own (the test's
 // channel may have been closed by a broker error).
-func deleteTopology(t testing.TB, url string, top outboxamqp.Topology) {
+func deleteTopology(t testing.TB, url string, top outboxrabbitmq.Topology) {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		t.Errorf("deleting %s: %v", top.Queue, err)

@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // TestReceiverHoldsAtMostMaxHeldBytes: RabbitMQ's prefetch counts messages, not bytes, and
@@ -18,7 +18,7 @@ import (
 // receiver's hands; once a message is acknowledged, the next comes.
 func TestReceiverHoldsAtMostMaxHeldBytes(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{MaxWait: 100 * time.Millisecond})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{MaxWait: 100 * time.Millisecond})
 	const n, size = 10, 8 << 20 // 80 MiB in all, each message within the default MaxMessageBytes
 	ctx := context.Background()
 	for i := range n {
@@ -36,9 +36,9 @@ func TestReceiverHoldsAtMostMaxHeldBytes(t *testing.T) {
 		return len(held.Deliveries) > 0 && queueDepth(t, d.admin, d.top.Queue)+len(held.Deliveries) == n
 	})
 	t.Logf("the receiver holds %d of %d messages of %d MiB (%d MiB), cap %d MiB",
-		len(held.Deliveries), n, size>>20, held.Bytes>>20, outboxamqp.DefaultMaxHeldBytes>>20)
-	if held.Bytes > outboxamqp.DefaultMaxHeldBytes {
-		t.Fatalf("the receiver holds %d bytes unacknowledged, over DefaultMaxHeldBytes (%d)", held.Bytes, outboxamqp.DefaultMaxHeldBytes)
+		len(held.Deliveries), n, size>>20, held.Bytes>>20, outboxrabbitmq.DefaultMaxHeldBytes>>20)
+	if held.Bytes > outboxrabbitmq.DefaultMaxHeldBytes {
+		t.Fatalf("the receiver holds %d bytes unacknowledged, over DefaultMaxHeldBytes (%d)", held.Bytes, outboxrabbitmq.DefaultMaxHeldBytes)
 	}
 	if len(held.Deliveries) == n {
 		t.Fatalf("the broker pushed all %d messages", n)
@@ -56,27 +56,27 @@ func TestReceiverHoldsAtMostMaxHeldBytes(t *testing.T) {
 // MaxMessageBytes (at most 100, at least 1), and a Prefetch set over it is refused with
 // the way out.
 func TestReceiverConfigHeldBytes(t *testing.T) {
-	conn := outboxamqp.Connection{URL: "amqp://guest:guest@127.0.0.1:5672/"}
+	conn := outboxrabbitmq.Connection{URL: "amqp://guest:guest@127.0.0.1:5672/"}
 	for _, c := range []struct {
-		cfg  outboxamqp.ReceiverConfig
+		cfg  outboxrabbitmq.ReceiverConfig
 		want int
 	}{
-		{cfg: outboxamqp.ReceiverConfig{}, want: outboxamqp.DefaultMaxHeldBytes / outboxamqp.DefaultMaxMessageBytes},
-		{cfg: outboxamqp.ReceiverConfig{MaxMessageBytes: 64 << 10}, want: 100},
-		{cfg: outboxamqp.ReceiverConfig{MaxMessageBytes: 1 << 20}, want: 64},
-		{cfg: outboxamqp.ReceiverConfig{MaxMessageBytes: 128 << 20}, want: 1},
-		{cfg: outboxamqp.ReceiverConfig{MaxHeldBytes: 1 << 30, Prefetch: 50}, want: 50},
-		{cfg: outboxamqp.ReceiverConfig{Ordered: true}, want: 1},
+		{cfg: outboxrabbitmq.ReceiverConfig{}, want: outboxrabbitmq.DefaultMaxHeldBytes / outboxrabbitmq.DefaultMaxMessageBytes},
+		{cfg: outboxrabbitmq.ReceiverConfig{MaxMessageBytes: 64 << 10}, want: 100},
+		{cfg: outboxrabbitmq.ReceiverConfig{MaxMessageBytes: 1 << 20}, want: 64},
+		{cfg: outboxrabbitmq.ReceiverConfig{MaxMessageBytes: 128 << 20}, want: 1},
+		{cfg: outboxrabbitmq.ReceiverConfig{MaxHeldBytes: 1 << 30, Prefetch: 50}, want: 50},
+		{cfg: outboxrabbitmq.ReceiverConfig{Ordered: true}, want: 1},
 	} {
 		c.cfg.Queue = "q"
 		if got := c.cfg.WithDefaults().Prefetch; got != c.want {
 			t.Errorf("%+v: Prefetch %d, want %d", c.cfg, got, c.want)
 		}
-		if _, err := outboxamqp.NewReceiver(conn, &c.cfg); err != nil {
+		if _, err := outboxrabbitmq.NewReceiver(conn, &c.cfg); err != nil {
 			t.Errorf("%+v: %v", c.cfg, err)
 		}
 	}
-	_, err := outboxamqp.NewReceiver(conn, &outboxamqp.ReceiverConfig{Queue: "q", Prefetch: 100})
+	_, err := outboxrabbitmq.NewReceiver(conn, &outboxrabbitmq.ReceiverConfig{Queue: "q", Prefetch: 100})
 	if err == nil || !strings.Contains(err.Error(), "MaxHeldBytes") {
 		t.Errorf("Prefetch 100 of 16 MiB messages under a 64 MiB cap: %v, want an error naming MaxHeldBytes", err)
 	}

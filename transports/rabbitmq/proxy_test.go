@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"io"

@@ -1,4 +1,4 @@
-package outboxamqp
+package outboxrabbitmq
 
 import (
 	"context"
@@ -157,7 +157,7 @@ func NewReceiver(conn Connection, cfg *ReceiverConfig) (*Receiver, error) {
 	conn = conn.withDefaults("txoutbox receiver")
 	errs := append(conn.validate(), c.validate()...)
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("outboxamqp: invalid receiver configuration: %w", errors.Join(errs...))
+		return nil, fmt.Errorf("outboxrabbitmq: invalid receiver configuration: %w", errors.Join(errs...))
 	}
 	return &Receiver{cfg: *c, link: newLink(conn), holds: map[*time.Timer]struct{}{}, wake: make(chan struct{}, 1)}, nil
 }
@@ -245,20 +245,20 @@ func (r *Receiver) subscribe(ctx context.Context) (*subscription, error) {
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("outboxamqp: opening a channel to %s: %w", r.link.where, err)
+		return nil, fmt.Errorf("outboxrabbitmq: opening a channel to %s: %w", r.link.where, err)
 	}
 	if err := ch.Qos(r.cfg.Prefetch, 0, false); err != nil {
 		r.link.closeChannel(ch)
-		return nil, fmt.Errorf("outboxamqp: setting prefetch %d: %w", r.cfg.Prefetch, err)
+		return nil, fmt.Errorf("outboxrabbitmq: setting prefetch %d: %w", r.cfg.Prefetch, err)
 	}
 	deliveries, err := ch.Consume(r.cfg.Queue, "", false, false, false, false, nil)
 	if err != nil {
 		r.link.closeChannel(ch)
 		var aerr *amqp.Error
 		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
-			return nil, fmt.Errorf("outboxamqp: queue %q does not exist on %s (outboxamqp.Declare creates it): %w", r.cfg.Queue, r.link.where, err)
+			return nil, fmt.Errorf("outboxrabbitmq: queue %q does not exist on %s (outboxrabbitmq.Declare creates it): %w", r.cfg.Queue, r.link.where, err)
 		}
-		return nil, fmt.Errorf("outboxamqp: consuming queue %q on %s: %w", r.cfg.Queue, r.link.where, err)
+		return nil, fmt.Errorf("outboxrabbitmq: consuming queue %q on %s: %w", r.cfg.Queue, r.link.where, err)
 	}
 	r.sub = &subscription{conn: conn, ch: ch, deliveries: deliveries}
 	return r.sub, nil
@@ -277,7 +277,7 @@ func (r *Receiver) lost(sub *subscription) error {
 	if closed {
 		return errLinkClosed
 	}
-	return outbox.Unavailable(fmt.Errorf("outboxamqp: consuming queue %q on %s stopped (connection or channel lost, or the queue was deleted); the next Receive resubscribes", r.cfg.Queue, r.link.where))
+	return outbox.Unavailable(fmt.Errorf("outboxrabbitmq: consuming queue %q on %s stopped (connection or channel lost, or the queue was deleted); the next Receive resubscribes", r.cfg.Queue, r.link.where))
 }
 
 func (r *Receiver) newDelivery(sub *subscription, d *amqp.Delivery) *delivery {
@@ -347,7 +347,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 		return err
 	}
 	if err := d.sub.ch.Ack(d.tag, false); err != nil {
-		return fmt.Errorf("outboxamqp: acking %s: %w", d.describe(), d.settleError(err))
+		return fmt.Errorf("outboxrabbitmq: acking %s: %w", d.describe(), d.settleError(err))
 	}
 	return nil
 }
@@ -371,7 +371,7 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 		return d.requeue()
 	}
 	if d.sub.ch.IsClosed() {
-		return fmt.Errorf("outboxamqp: nacking %s: %w", d.describe(), d.settleError(amqp.ErrClosed))
+		return fmt.Errorf("outboxrabbitmq: nacking %s: %w", d.describe(), d.settleError(amqp.ErrClosed))
 	}
 	tier := retryTier(r.cfg.RetryDelays, delay)
 	if err := r.publishRetry(ctx, d, tier); err != nil {
@@ -383,14 +383,14 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 	if err := d.sub.ch.Ack(d.tag, false); err != nil {
 		// The retry copy is stored and the original comes again too: a duplicate, which
 		// the consumer's inbox absorbs.
-		return fmt.Errorf("outboxamqp: acking %s after sending its retry copy: %w", d.describe(), d.settleError(err))
+		return fmt.Errorf("outboxrabbitmq: acking %s after sending its retry copy: %w", d.describe(), d.settleError(err))
 	}
 	return nil
 }
 
 func (d *delivery) requeue() error {
 	if err := d.sub.ch.Nack(d.tag, false, true); err != nil {
-		return fmt.Errorf("outboxamqp: requeueing %s: %w", d.describe(), d.settleError(err))
+		return fmt.Errorf("outboxrabbitmq: requeueing %s: %w", d.describe(), d.settleError(err))
 	}
 	return nil
 }
@@ -402,7 +402,7 @@ func (d *delivery) hold(delay time.Duration) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return fmt.Errorf("outboxamqp: nacking %s: %w", d.describe(), errLinkClosed)
+		return fmt.Errorf("outboxrabbitmq: nacking %s: %w", d.describe(), errLinkClosed)
 	}
 	var t *time.Timer
 	t = time.AfterFunc(delay, func() {
@@ -463,7 +463,7 @@ func (d *delivery) describe() string {
 func (r *Receiver) publishRetry(ctx context.Context, d *delivery, delay time.Duration) error {
 	queue := RetryQueueName(r.cfg.Queue, delay)
 	fail := func(err error) error {
-		return fmt.Errorf("outboxamqp: sending %s to retry queue %s: %w", d.describe(), queue, err)
+		return fmt.Errorf("outboxrabbitmq: sending %s to retry queue %s: %w", d.describe(), queue, err)
 	}
 	r.retryMu.Lock()
 	defer r.retryMu.Unlock()
@@ -506,7 +506,7 @@ func (r *Receiver) publishRetry(ctx context.Context, d *delivery, delay time.Dur
 	select {
 	case ret, ok := <-pc.returns:
 		if ok {
-			return fail(fmt.Errorf("the broker returned it as unroutable (%d %s): does the retry queue exist? outboxamqp.Declare creates it", ret.ReplyCode, ret.ReplyText))
+			return fail(fmt.Errorf("the broker returned it as unroutable (%d %s): does the retry queue exist? outboxrabbitmq.Declare creates it", ret.ReplyCode, ret.ReplyText))
 		}
 	default:
 	}

@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // TestNackRoundsUpToARetryQueue: Nack(300ms) with retry queues of 200ms, 1s and 2s puts
@@ -21,7 +21,7 @@ import (
 // the message comes back after the second with Attempt 2; a second Nack counts on (3).
 func TestNackRoundsUpToARetryQueue(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	ctx := context.Background()
 	m := message("a.b", "k", `{"n":1}`)
 	if err := d.sender.Send(ctx, []outbox.Message{m}); err != nil {
@@ -32,7 +32,7 @@ func TestNackRoundsUpToARetryQueue(t *testing.T) {
 	if err := first.Nack(ctx, 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if n := queueDepth(t, d.admin, outboxamqp.RetryQueueName(d.top.Queue, time.Second)); n != 1 {
+	if n := queueDepth(t, d.admin, outboxrabbitmq.RetryQueueName(d.top.Queue, time.Second)); n != 1 {
 		t.Fatalf("the 1s retry queue holds %d messages right after Nack(300ms), want 1", n)
 	}
 	again := outboxtest.ReceiveN(t, d.receiver, 1, 10*time.Second)[0]
@@ -63,7 +63,7 @@ func TestNackRoundsUpToARetryQueue(t *testing.T) {
 // *outbox.MalformedError with its body, headers and message-id exactly as sent.
 func TestMalformedKeepsEvidence(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	err := d.admin.PublishWithContext(context.Background(), d.top.Exchange, "legacy", true, false, amqp.Publishing{
 		MessageId: "legacy-42", ContentType: "text/plain", Body: []byte("hello"),
 		Headers: amqp.Table{"cloudEvents:type": "legacy.thing", "tenant": "acme"},
@@ -90,7 +90,7 @@ func TestMalformedKeepsEvidence(t *testing.T) {
 // "cloudEvents_" prefix and a native AMQP timestamp, is read.
 func TestForeignProducer(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	m := message("a.b", "", `{"n":1}`)
 	at := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	err := d.admin.PublishWithContext(context.Background(), d.top.Exchange, "a.b", true, false, amqp.Publishing{
@@ -118,9 +118,9 @@ func TestForeignProducer(t *testing.T) {
 func TestReceiverReconnects(t *testing.T) {
 	t.Parallel()
 	p := newProxy(t, brokerAddr(t))
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
-	r, err := outboxamqp.NewReceiver(outboxamqp.Connection{URL: viaProxy(t, p), ReconnectBackoff: 50 * time.Millisecond},
-		&outboxamqp.ReceiverConfig{Queue: d.top.Queue, RetryDelays: d.top.RetryDelays, MaxWait: 200 * time.Millisecond})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
+	r, err := outboxrabbitmq.NewReceiver(outboxrabbitmq.Connection{URL: viaProxy(t, p), ReconnectBackoff: 50 * time.Millisecond},
+		&outboxrabbitmq.ReceiverConfig{Queue: d.top.Queue, RetryDelays: d.top.RetryDelays, MaxWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestReceiverReconnects(t *testing.T) {
 func TestReceiverMissingQueue(t *testing.T) {
 	t.Parallel()
 	admin(t, outboxtest.AMQPURL())
-	r, err := outboxamqp.NewReceiver(outboxamqp.Connection{URL: outboxtest.AMQPURL()}, &outboxamqp.ReceiverConfig{Queue: "outboxtest.missing." + unique()})
+	r, err := outboxrabbitmq.NewReceiver(outboxrabbitmq.Connection{URL: outboxtest.AMQPURL()}, &outboxrabbitmq.ReceiverConfig{Queue: "outboxtest.missing." + unique()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestReceiverMissingQueue(t *testing.T) {
 // (RabbitMQ 3.x quorum queues requeue at the back; the ordered end-to-end test caught it).
 func TestOrderedRetryHoldsItsPlace(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{Ordered: true}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{Ordered: true}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	ctx := context.Background()
 	a, b := message("a.b", "k", `{"n":1}`), message("a.b", "k", `{"n":2}`)
 	for _, m := range []outbox.Message{a, b} {

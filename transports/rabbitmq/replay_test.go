@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // TestRetryDeadLetterReplay: against RabbitMQ, a failing handler is retried through the
@@ -15,8 +15,8 @@ import (
 // replayed through the outbox once fixed, and handled.
 func TestRetryDeadLetterReplay(t *testing.T) {
 	t.Parallel()
-	p := pgxtest.New(t, "outboxamqp")
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	p := pgxtest.New(t, "outboxrabbitmq")
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	outboxtest.ExerciseRetryDeadLetterReplay(t, &outboxtest.PipelineFixture{
 		Store: p.Store(t),
 		Publish: func(ctx context.Context, events ...outbox.Encodable) error {

@@ -1,4 +1,4 @@
-package outboxamqp
+package outboxrabbitmq
 
 import (
 	"context"
@@ -56,7 +56,7 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out.Exchange = DefaultExchange
 	}
 	if out.Source == "" {
-		out.Source = outboxce.DefaultSource
+		out.Source = cloudevents.DefaultSource
 	}
 	if out.MaxMessageBytes == 0 {
 		out.MaxMessageBytes = DefaultMaxMessageBytes
@@ -125,7 +125,7 @@ func NewSender(conn Connection, cfg *SenderConfig) (*Sender, error) {
 	conn = conn.withDefaults("txoutbox sender")
 	errs := append(conn.validate(), c.validate()...)
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("outboxamqp: invalid sender configuration: %w", errors.Join(errs...))
+		return nil, fmt.Errorf("outboxrabbitmq: invalid sender configuration: %w", errors.Join(errs...))
 	}
 	return &Sender{cfg: *c, link: newLink(conn)}, nil
 }
@@ -145,7 +145,7 @@ func (s *Sender) RoutingKeyFor(m outbox.Message) (string, error) {
 		key = m.Type
 	}
 	if err := checkName(key); err != nil {
-		return "", outbox.Permanent(fmt.Errorf("outboxamqp: message %s (type %q) routes with key %q, which %w", m.ID, m.Type, key, err))
+		return "", outbox.Permanent(fmt.Errorf("outboxrabbitmq: message %s (type %q) routes with key %q, which %w", m.ID, m.Type, key, err))
 	}
 	return key, nil
 }
@@ -213,7 +213,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		return wholeBatch(err)
 	}
 	if reason := s.link.blockedReason(conn); reason != "" {
-		return wholeBatch(outbox.Unavailable(fmt.Errorf("outboxamqp: the broker at %s blocks publishing (%s): not sending %d message(s)", s.link.where, reason, len(out))))
+		return wholeBatch(outbox.Unavailable(fmt.Errorf("outboxrabbitmq: the broker at %s blocks publishing (%s): not sending %d message(s)", s.link.where, reason, len(out))))
 	}
 	frameMax := conn.Config.FrameSize
 	pc, err := s.acquire(conn)
@@ -248,18 +248,18 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			stop = ctx.Err()
 		}
 		if stop != nil {
-			failed[o.index] = fmt.Errorf("outboxamqp: message %s not sent: %w", m.ID, stop)
+			failed[o.index] = fmt.Errorf("outboxrabbitmq: message %s not sent: %w", m.ID, stop)
 			continue
 		}
 		if hb := headerBytes(&o.pub); frameMax > 0 && hb > frameMax-8 {
-			failed[o.index] = fmt.Errorf("outboxamqp: message %s has %d bytes of headers, over the connection's frame size of %d bytes: %w", m.ID, hb, frameMax, outbox.ErrTooLarge)
+			failed[o.index] = fmt.Errorf("outboxrabbitmq: message %s has %d bytes of headers, over the connection's frame size of %d bytes: %w", m.ID, hb, frameMax, outbox.ErrTooLarge)
 			continue
 		}
 		byID[o.pub.MessageId] = append(byID[o.pub.MessageId], j)
 		o.confirm, err = pc.ch.PublishWithDeferredConfirmWithContext(ctx, s.cfg.Exchange, o.key, true, false, o.pub)
 		if err != nil {
 			stop = fmt.Errorf("publishing to exchange %q on %s: %w", s.cfg.Exchange, s.link.where, s.closeReason(pc, err))
-			failed[o.index] = fmt.Errorf("outboxamqp: message %s: %w", m.ID, stop)
+			failed[o.index] = fmt.Errorf("outboxrabbitmq: message %s: %w", m.ID, stop)
 			continue
 		}
 		published++
@@ -291,7 +291,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 				default:
 				}
 				ended = true
-				failed[o.index] = fmt.Errorf("outboxamqp: no confirm from the broker for message %s (it may still be stored; the retry would be a duplicate): %w", m.ID, ctx.Err())
+				failed[o.index] = fmt.Errorf("outboxrabbitmq: no confirm from the broker for message %s (it may still be stored; the retry would be a duplicate): %w", m.ID, ctx.Err())
 				o.confirm = nil
 				break wait
 			}
@@ -302,22 +302,22 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		drainReturns() // a return comes before the confirm of its message
 		switch r, ok := returned[j]; {
 		case ok:
-			failed[o.index] = fmt.Errorf("outboxamqp: the broker returned message %s as unroutable: no queue is bound to exchange %q for routing key %q (%d %s)",
+			failed[o.index] = fmt.Errorf("outboxrabbitmq: the broker returned message %s as unroutable: no queue is bound to exchange %q for routing key %q (%d %s)",
 				m.ID, s.cfg.Exchange, o.key, r.ReplyCode, r.ReplyText)
 		case !o.confirm.Acked():
 			if err := s.closeReason(pc, nil); err != nil {
-				failed[o.index] = fmt.Errorf("outboxamqp: message %s unconfirmed: %w", m.ID, err)
+				failed[o.index] = fmt.Errorf("outboxrabbitmq: message %s unconfirmed: %w", m.ID, err)
 			} else {
 				// The broker's state, not the message: a queue full with overflow
 				// reject-publish, a quorum queue without a majority, an internal error.
-				failed[o.index] = outbox.Unavailable(fmt.Errorf("outboxamqp: the broker nacked message %s (exchange %q, routing key %q): it could not store it (a full queue with overflow reject-publish, a quorum queue without a majority, or an internal error)", m.ID, s.cfg.Exchange, o.key))
+				failed[o.index] = outbox.Unavailable(fmt.Errorf("outboxrabbitmq: the broker nacked message %s (exchange %q, routing key %q): it could not store it (a full queue with overflow reject-publish, a quorum queue without a majority, or an internal error)", m.ID, s.cfg.Exchange, o.key))
 			}
 		}
 	}
 	clean = !ended && stop == nil && !pc.ch.IsClosed()
 
 	if published == 0 && stop != nil && len(failed) == len(msgs) {
-		return markBrokerFault(fmt.Errorf("outboxamqp: sending %d message(s): %w", len(msgs), stop))
+		return markBrokerFault(fmt.Errorf("outboxrabbitmq: sending %d message(s): %w", len(msgs), stop))
 	}
 	if len(failed) > 0 {
 		for i, err := range failed {
@@ -344,7 +344,7 @@ func (s *Sender) Ping(ctx context.Context) error {
 		return markBrokerFault(err)
 	}
 	if reason := s.link.blockedReason(conn); reason != "" {
-		return outbox.Unavailable(fmt.Errorf("outboxamqp: ping: the broker at %s blocks publishing (%s)", s.link.where, reason))
+		return outbox.Unavailable(fmt.Errorf("outboxrabbitmq: ping: the broker at %s blocks publishing (%s)", s.link.where, reason))
 	}
 	// amqp091-go's synchronous methods take no context: the check runs on its own, and a
 	// broker that does not answer in time fails the ping (the check ends with the
@@ -355,7 +355,7 @@ func (s *Sender) Ping(ctx context.Context) error {
 	case err := <-done:
 		return markBrokerFault(err)
 	case <-ctx.Done():
-		return outbox.Unavailable(fmt.Errorf("outboxamqp: ping: no answer from the broker at %s: %w", s.link.where, ctx.Err()))
+		return outbox.Unavailable(fmt.Errorf("outboxrabbitmq: ping: no answer from the broker at %s: %w", s.link.where, ctx.Err()))
 	}
 }
 
@@ -364,11 +364,11 @@ func (s *Sender) Ping(ctx context.Context) error {
 func (s *Sender) checkExchange(conn *amqp.Connection) error {
 	pc, err := s.acquire(conn)
 	if err != nil {
-		return fmt.Errorf("outboxamqp: ping: %w", err)
+		return fmt.Errorf("outboxrabbitmq: ping: %w", err)
 	}
 	if err := pc.ch.ExchangeDeclarePassive(s.cfg.Exchange, "", false, false, false, false, nil); err != nil {
 		s.release(pc, false)
-		return fmt.Errorf("outboxamqp: ping: exchange %q on %s: %w", s.cfg.Exchange, s.link.where, s.closeReason(pc, err))
+		return fmt.Errorf("outboxrabbitmq: ping: exchange %q on %s: %w", s.cfg.Exchange, s.link.where, s.closeReason(pc, err))
 	}
 	s.release(pc, true)
 	return nil
@@ -391,7 +391,7 @@ func (s *Sender) prepare(i int, m outbox.Message) (outgoing, error) {
 		return outgoing{}, err
 	}
 	if len(m.Body) > s.cfg.MaxMessageBytes {
-		return outgoing{}, fmt.Errorf("outboxamqp: message %s has a body of %d bytes, over MaxMessageBytes of %d bytes: %w", m.ID, len(m.Body), s.cfg.MaxMessageBytes, outbox.ErrTooLarge)
+		return outgoing{}, fmt.Errorf("outboxrabbitmq: message %s has a body of %d bytes, over MaxMessageBytes of %d bytes: %w", m.ID, len(m.Body), s.cfg.MaxMessageBytes, outbox.ErrTooLarge)
 	}
 	pub, err := encode(m, s.cfg.Source)
 	if err != nil {
@@ -408,7 +408,7 @@ func (s *Sender) closeReason(pc *pubChannel, err error) error {
 		case cerr, ok := <-pc.closed:
 			switch {
 			case ok && cerr != nil && cerr.Code == amqp.NotFound:
-				pc.closeErr = fmt.Errorf("the broker closed the channel: %w (does exchange %q exist? outboxamqp.Declare creates it)", cerr, s.cfg.Exchange)
+				pc.closeErr = fmt.Errorf("the broker closed the channel: %w (does exchange %q exist? outboxrabbitmq.Declare creates it)", cerr, s.cfg.Exchange)
 			case ok && cerr != nil:
 				pc.closeErr = fmt.Errorf("the broker closed the channel: %w", cerr)
 			default:
@@ -439,17 +439,17 @@ func (s *Sender) acquire(conn *amqp.Connection) (*pubChannel, error) {
 
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("outboxamqp: opening a channel to %s: %w", s.link.where, err)
+		return nil, fmt.Errorf("outboxrabbitmq: opening a channel to %s: %w", s.link.where, err)
 	}
 	pc := &pubChannel{conn: conn, ch: ch, closed: ch.NotifyClose(make(chan *amqp.Error, 1))}
 	// A missing exchange would close the channel at the first publish, with every confirm
 	// of the batch; checking it here names the problem instead.
 	if err := ch.ExchangeDeclarePassive(s.cfg.Exchange, "", false, false, false, false, nil); err != nil {
-		return nil, fmt.Errorf("outboxamqp: exchange %q on %s: %w (outboxamqp.Declare creates it)", s.cfg.Exchange, s.link.where, err)
+		return nil, fmt.Errorf("outboxrabbitmq: exchange %q on %s: %w (outboxrabbitmq.Declare creates it)", s.cfg.Exchange, s.link.where, err)
 	}
 	if err := ch.Confirm(false); err != nil {
 		s.link.closeChannel(ch)
-		return nil, fmt.Errorf("outboxamqp: putting a channel to %s in confirm mode: %w", s.link.where, err)
+		return nil, fmt.Errorf("outboxrabbitmq: putting a channel to %s in confirm mode: %w", s.link.where, err)
 	}
 	// Returns are read while a Send waits for its confirms; the buffer lets the client's
 	// reader go on meanwhile.

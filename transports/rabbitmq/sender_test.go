@@ -1,4 +1,4 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/outboxtest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 func message(typ, key, body string) outbox.Message {
@@ -51,7 +51,7 @@ func brokerAddr(t testing.TB) string {
 // and the other CloudEvents attributes as cloudEvents:-prefixed string headers.
 func TestWireFormat(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{Source: "/orders-service"}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{Source: "/orders-service"}, outboxrabbitmq.ReceiverConfig{})
 	m := message("orders.created", "customer-7", `{"n":1}`)
 	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "X-Tenant": "acme"}
 	replay := message("orders.created", "", `{"n":2}`)
@@ -108,7 +108,7 @@ func TestWireFormat(t *testing.T) {
 // comes back from the broker and fails, alone; the rest of the batch is delivered.
 func TestSenderUnroutableFails(t *testing.T) {
 	t.Parallel()
-	d := newDestination(t, outboxamqp.Topology{Bindings: []string{"orders.*"}}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{Bindings: []string{"orders.*"}}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	msgs := []outbox.Message{message("orders.created", "", `{}`), message("nobody.listens", "", `{}`), message("orders.paid", "", `{}`)}
 	err := d.sender.Send(context.Background(), msgs)
 	var be *outbox.BatchError
@@ -142,7 +142,7 @@ func TestSenderUnroutableFails(t *testing.T) {
 func TestSenderMissingExchange(t *testing.T) {
 	t.Parallel()
 	admin(t, outboxtest.AMQPURL())
-	s, err := outboxamqp.NewSender(outboxamqp.Connection{URL: outboxtest.AMQPURL()}, &outboxamqp.SenderConfig{Exchange: "outboxtest.missing." + unique()})
+	s, err := outboxrabbitmq.NewSender(outboxrabbitmq.Connection{URL: outboxtest.AMQPURL()}, &outboxrabbitmq.SenderConfig{Exchange: "outboxtest.missing." + unique()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestSenderMissingExchange(t *testing.T) {
 func TestSenderConfirmNeverCame(t *testing.T) {
 	t.Parallel()
 	p := newProxy(t, brokerAddr(t))
-	d := newDestinationAt(t, viaProxy(t, p), outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	d := newDestinationAt(t, viaProxy(t, p), outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	direct := admin(t, outboxtest.AMQPURL())
 	ctx := context.Background()
 	if err := d.sender.Send(ctx, []outbox.Message{message("a.b", "", `{"n":0}`)}); err != nil {
@@ -199,8 +199,8 @@ func TestSenderConfirmNeverCame(t *testing.T) {
 // TestSenderConfigErrors: invalid settings fail at construction, all named at once, and
 // the URL's password is in none of them.
 func TestSenderConfigErrors(t *testing.T) {
-	_, err := outboxamqp.NewSender(outboxamqp.Connection{URL: "amqp://u:s3cret@host:5672/%zz", ReconnectBackoff: time.Minute},
-		&outboxamqp.SenderConfig{RoutingKey: func(outbox.Message) string { return "" }, RoutingKeys: map[string]string{"a": ""}, MaxMessageBytes: -1})
+	_, err := outboxrabbitmq.NewSender(outboxrabbitmq.Connection{URL: "amqp://u:s3cret@host:5672/%zz", ReconnectBackoff: time.Minute},
+		&outboxrabbitmq.SenderConfig{RoutingKey: func(outbox.Message) string { return "" }, RoutingKeys: map[string]string{"a": ""}, MaxMessageBytes: -1})
 	if err == nil {
 		t.Fatal("NewSender accepted an invalid configuration")
 	}

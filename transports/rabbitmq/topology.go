@@ -1,4 +1,4 @@
-package outboxamqp
+package outboxrabbitmq
 
 import (
 	"errors"
@@ -127,10 +127,10 @@ func Declare(ch *amqp.Channel, t Topology) error {
 		if ch == nil {
 			errs = append(errs, errors.New("no channel"))
 		}
-		return fmt.Errorf("outboxamqp: Declare: %w", errors.Join(errs...))
+		return fmt.Errorf("outboxrabbitmq: Declare: %w", errors.Join(errs...))
 	}
 	if err := ch.ExchangeDeclare(t.Exchange, t.ExchangeKind, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("outboxamqp: declaring exchange %q: %w", t.Exchange, err)
+		return fmt.Errorf("outboxrabbitmq: declaring exchange %q: %w", t.Exchange, err)
 	}
 	args := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
 	if t.Ordered {
@@ -139,11 +139,11 @@ func Declare(ch *amqp.Channel, t Topology) error {
 		args = amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeClassic, amqp.SingleActiveConsumerArg: true}
 	}
 	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, args); err != nil {
-		return fmt.Errorf("outboxamqp: declaring queue %q: %w", t.Queue, err)
+		return fmt.Errorf("outboxrabbitmq: declaring queue %q: %w", t.Queue, err)
 	}
 	for _, key := range t.Bindings {
 		if err := ch.QueueBind(t.Queue, key, t.Exchange, false, nil); err != nil {
-			return fmt.Errorf("outboxamqp: binding queue %q to exchange %q with key %q: %w", t.Queue, t.Exchange, key, err)
+			return fmt.Errorf("outboxrabbitmq: binding queue %q to exchange %q with key %q: %w", t.Queue, t.Exchange, key, err)
 		}
 	}
 	for _, d := range t.RetryDelays {
@@ -156,7 +156,7 @@ func Declare(ch *amqp.Channel, t Topology) error {
 			"x-dead-letter-strategy":    "at-least-once",
 			amqp.QueueOverflowArg:       amqp.QueueOverflowRejectPublish, // at-least-once needs it
 		}); err != nil {
-			return fmt.Errorf("outboxamqp: declaring retry queue %q: %w", name, err)
+			return fmt.Errorf("outboxrabbitmq: declaring retry queue %q: %w", name, err)
 		}
 	}
 	return nil

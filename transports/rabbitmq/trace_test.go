@@ -1,11 +1,11 @@
-package outboxamqp_test
+package outboxrabbitmq_test
 
 import (
 	"testing"
 
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest/oteltest"
-	outboxamqp "github.com/txoutbox/outbox/transports/rabbitmq"
+	outboxrabbitmq "github.com/txoutbox/outbox/transports/rabbitmq"
 )
 
 // TestTrace: through RabbitMQ, one trace from the request that published an event to its
@@ -13,7 +13,7 @@ import (
 func TestTrace(t *testing.T) {
 	t.Parallel()
 	p := pgxtest.New(t, "outboxamqp_trace")
-	d := newDestination(t, outboxamqp.Topology{}, outboxamqp.SenderConfig{}, outboxamqp.ReceiverConfig{})
+	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
 	oteltest.ExerciseTrace(t, &oteltest.TraceFixture{PipelineFixture: p.Pipeline(t, d.sender, d.receiver),
 		ProcessDestination: d.top.Queue})
 }

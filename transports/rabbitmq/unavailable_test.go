@@ -1,4 +1,4 @@
-package outboxamqp
+package outboxrabbitmq
 
 import (
 	"context"
@@ -44,7 +44,7 @@ func TestBrokerFaultClassification(t *testing.T) {
 		{"cancelled by the caller", context.Canceled, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if err := markBrokerFault(fmt.Errorf("outboxamqp: publishing: %w", c.err)); errors.Is(err, outbox.ErrUnavailable) != c.broker {
+			if err := markBrokerFault(fmt.Errorf("outboxrabbitmq: publishing: %w", c.err)); errors.Is(err, outbox.ErrUnavailable) != c.broker {
 				t.Errorf("%v: marked unavailable %v, want %v", err, !c.broker, c.broker)
 			}
 		})

@@ -1,4 +1,4 @@
-package outboxamqp
+package outboxrabbitmq
 
 import (
 	"encoding/base64"
@@ -40,15 +40,15 @@ func encode(m outbox.Message, source string) (amqp.Publishing, error) {
 		Timestamp:    m.CreatedAt, // whole seconds on the wire; cloudEvents:time is exact
 		Body:         m.Body,
 	}
-	err := outboxce.EachBinary(m, source, func(k, v string) {
-		if k == outboxce.ContentTypeHeader {
+	err := cloudevents.EachBinary(m, source, func(k, v string) {
+		if k == cloudevents.ContentTypeHeader {
 			p.ContentType = v
 			return
 		}
-		p.Headers[PropertyPrefix+strings.TrimPrefix(k, outboxce.HeaderPrefix)] = v
+		p.Headers[PropertyPrefix+strings.TrimPrefix(k, cloudevents.HeaderPrefix)] = v
 	})
 	if err != nil {
-		return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("outboxamqp: encoding message %s: %w", m.ID, err))
+		return amqp.Publishing{}, outbox.Permanent(fmt.Errorf("outboxrabbitmq: encoding message %s: %w", m.ID, err))
 	}
 	return p, nil
 }
@@ -88,12 +88,12 @@ func decode(d *amqp.Delivery, where string) (outbox.Message, error) {
 	slices.Sort(binding)
 	for _, k := range slices.Backward(binding) {
 		name := strings.TrimPrefix(strings.TrimPrefix(k, PropertyPrefix), jmsPropertyPrefix)
-		h[outboxce.HeaderPrefix+name] = attributeString(d.Headers[k])
+		h[cloudevents.HeaderPrefix+name] = attributeString(d.Headers[k])
 	}
 	if d.ContentType != "" {
-		h[outboxce.ContentTypeHeader] = d.ContentType
+		h[cloudevents.ContentTypeHeader] = d.ContentType
 	}
-	m, err := outboxce.FromBinary(h, d.Body)
+	m, err := cloudevents.FromBinary(h, d.Body)
 	if err == nil {
 		return m, nil
 	}
@@ -111,8 +111,8 @@ func decode(d *amqp.Delivery, where string) (outbox.Message, error) {
 	if id == "" {
 		id = fmt.Sprintf("%s delivery tag %d", where, d.DeliveryTag)
 	}
-	me := outboxce.Malformed(err, id, raw, d.Body)
-	me.Err = fmt.Errorf("outboxamqp: message at %s (delivery tag %d): %w", where, d.DeliveryTag, me.Err)
+	me := cloudevents.Malformed(err, id, raw, d.Body)
+	me.Err = fmt.Errorf("outboxrabbitmq: message at %s (delivery tag %d): %w", where, d.DeliveryTag, me.Err)
 	return me.Partial, me
 }
 

@@ -73,15 +73,15 @@ func BenchmarkRelayToSQS(b *testing.B) {
 		b.Fatal(err)
 	}
 	store := p.Store(b)
-	newRelay := func(name string) *outbox.Relay {
-		r, err := outbox.NewRelay(store, s, &outbox.RelayConfig{Name: name, Logger: slog.New(slog.DiscardHandler)})
+	newRelay := func(name string) *relay.Relay {
+		r, err := relay.New(store, s, &relay.Config{Name: name, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			b.Fatal(err)
 		}
 		return r
 	}
-	relays := []*outbox.Relay{newRelay("bench-a"), newRelay("bench-b")}
-	drain := func(relays []*outbox.Relay) {
+	relays := []*relay.Relay{newRelay("bench-a"), newRelay("bench-b")}
+	drain := func(relays []*relay.Relay) {
 		var wg sync.WaitGroup
 		for _, r := range relays {
 			wg.Go(func() {

@@ -67,7 +67,7 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out.Routes = maps.Clone(c.Routes)
 	}
 	if out.Source == "" {
-		out.Source = outboxce.DefaultSource
+		out.Source = cloudevents.DefaultSource
 	}
 	if out.MaxMessageBytes == 0 {
 		out.MaxMessageBytes = DefaultMaxMessageBytes

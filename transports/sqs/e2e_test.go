@@ -29,10 +29,10 @@ type BlobUploaded struct{ Data string }
 func (BlobUploaded) EventType() string { return "blobs.uploaded" }
 
 // startRelay runs a relay until the test ends.
-func startRelay(t testing.TB, store outbox.Store, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
+func startRelay(t testing.TB, store outboxdriver.Store, s outbox.Sender, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	r, err := outbox.NewRelay(store, s, &cfg)
+	r, err := relay.New(store, s, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	startRelay(t, p.Store(t), s, outbox.RelayConfig{})
+	startRelay(t, p.Store(t), s, relay.Config{})
 	r := newReceiver(t, c, url)
 	for _, d := range outboxtest.ReceiveN(t, r, len(want), 20*time.Second) {
 		m, err := d.Message()
@@ -142,8 +142,8 @@ func TestFIFOPerKeyOrderThroughRelay(t *testing.T) {
 	}
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
 	store := p.Store(t)
-	startRelay(t, store, s, outbox.RelayConfig{Name: "relay-a", BatchSize: 7})
-	startRelay(t, store, s, outbox.RelayConfig{Name: "relay-b", BatchSize: 7})
+	startRelay(t, store, s, relay.Config{Name: "relay-a", BatchSize: 7})
+	startRelay(t, store, s, relay.Config{Name: "relay-b", BatchSize: 7})
 
 	r := newReceiver(t, c, url)
 	next := map[string]int{}
@@ -214,7 +214,7 @@ func TestFIFODedupOfResentEvent(t *testing.T) {
 // failFirstComplete is a Store whose first Complete fails after the send: the relay's crash
 // between sending and deleting.
 type failFirstComplete struct {
-	outbox.Store
+	outboxdriver.Store
 	calls atomic.Int32
 }
 
@@ -236,7 +236,7 @@ func TestFIFODedupThroughRelayResend(t *testing.T) {
 	p.Commit(t, e)
 	store := &failFirstComplete{Store: p.Store(t)}
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	startRelay(t, store, s, outbox.RelayConfig{Lease: time.Second, SendTimeout: 400 * time.Millisecond})
+	startRelay(t, store, s, relay.Config{Lease: time.Second, SendTimeout: 400 * time.Millisecond})
 	outboxtest.WaitFor(t, 15*time.Second, "event sent twice and completed", func() bool {
 		return store.calls.Load() >= 2 && p.Count(t, "outbox") == 0
 	})
@@ -263,7 +263,7 @@ func TestOversizeEventDeadLettered(t *testing.T) {
 	p.Commit(t, small[0], big, small[1], small[2])
 
 	s := newSender(t, c, &outboxsqs.SenderConfig{QueueURL: url})
-	relay, err := outbox.NewRelay(p.Store(t), s, &outbox.RelayConfig{Logger: slog.New(slog.DiscardHandler)})
+	relay, err := relay.New(p.Store(t), s, &relay.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func ExampleNewSender() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(store, sender, nil)
+	relay, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -27,34 +27,34 @@ const (
 	emptyBody  = "-" // SQS needs a body of at least one character
 	// txHeadersAttr is the wire format's extension for headers that are not attributes;
 	// headers that do not fit in SQS's attributes are folded into it.
-	txHeadersAttr = outboxce.HeaderPrefix + "txheaders"
+	txHeadersAttr = cloudevents.HeaderPrefix + "txheaders"
 	stringType    = "String"
 )
 
 // coreAttrs are the binary-mode attributes that always stay attributes.
 var coreAttrs = map[string]bool{
-	outboxce.HeaderPrefix + "specversion":  true,
-	outboxce.HeaderPrefix + "id":           true,
-	outboxce.HeaderPrefix + "type":         true,
-	outboxce.HeaderPrefix + "source":       true,
-	outboxce.HeaderPrefix + "time":         true,
-	outboxce.HeaderPrefix + "partitionkey": true,
-	outboxce.ContentTypeHeader:             true,
+	cloudevents.HeaderPrefix + "specversion":  true,
+	cloudevents.HeaderPrefix + "id":           true,
+	cloudevents.HeaderPrefix + "type":         true,
+	cloudevents.HeaderPrefix + "source":       true,
+	cloudevents.HeaderPrefix + "time":         true,
+	cloudevents.HeaderPrefix + "partitionkey": true,
+	cloudevents.ContentTypeHeader:             true,
 	txHeadersAttr:                          true,
 }
 
 // foldedAs names the message header an attribute becomes when it is folded into
 // txheaders: an extension its own name, the attributes kept in headers their header.
 var foldedAs = map[string]string{
-	outboxce.HeaderPrefix + "subject":    outboxce.SubjectHeader,
-	outboxce.HeaderPrefix + "dataschema": outboxce.DataSchemaHeader,
+	cloudevents.HeaderPrefix + "subject":    cloudevents.SubjectHeader,
+	cloudevents.HeaderPrefix + "dataschema": cloudevents.DataSchemaHeader,
 }
 
 // firstExtensions keep their own attribute before any other header: W3C trace context,
 // which CloudEvents' distributed-tracing extension and other SDKs read, then the optional
 // attributes of the spec.
-var firstExtensions = []string{outboxce.HeaderPrefix + "traceparent", outboxce.HeaderPrefix + "tracestate",
-	outboxce.HeaderPrefix + "subject", outboxce.HeaderPrefix + "dataschema"}
+var firstExtensions = []string{cloudevents.HeaderPrefix + "traceparent", cloudevents.HeaderPrefix + "tracestate",
+	cloudevents.HeaderPrefix + "subject", cloudevents.HeaderPrefix + "dataschema"}
 
 // wireMessage is one message as SQS will see it.
 type wireMessage struct {
@@ -79,7 +79,7 @@ func encode(m outbox.Message, source string) (wireMessage, error) {
 			return wireMessage{}, fmt.Errorf("message %s: header %q is not valid UTF-8", m.ID, k)
 		}
 	}
-	h, err := outboxce.ToBinary(m, source)
+	h, err := cloudevents.ToBinary(m, source)
 	if err != nil {
 		return wireMessage{}, fmt.Errorf("encoding message %s as a CloudEvent: %w", m.ID, err)
 	}
@@ -89,7 +89,7 @@ func encode(m outbox.Message, source string) (wireMessage, error) {
 		w.body, h[bodyAttr] = emptyBody, bodyEmpty
 	case validText(string(m.Body)):
 		w.body = string(m.Body)
-	case outboxce.IsJSON(h[outboxce.ContentTypeHeader]) && utf8.Valid(m.Body) && json.Valid(m.Body):
+	case cloudevents.IsJSON(h[cloudevents.ContentTypeHeader]) && utf8.Valid(m.Body) && json.Valid(m.Body):
 		// Characters SQS refuses (U+FFFE, U+FFFF) can only sit inside JSON strings, where
 		// an escape means the same: the body stays JSON that any reader parses.
 		w.body = escapeJSON(m.Body)
@@ -158,7 +158,7 @@ func foldHeaders(h map[string]string, slots int) error {
 	for _, name := range fold {
 		header, ok := foldedAs[name]
 		if !ok {
-			header = strings.TrimPrefix(name, outboxce.HeaderPrefix)
+			header = strings.TrimPrefix(name, cloudevents.HeaderPrefix)
 		}
 		other[header] = h[name]
 		delete(h, name)
@@ -200,17 +200,17 @@ func decode(msg types.Message) (outbox.Message, error) {
 	}
 	if bodyErr != nil {
 		// Keep what the attributes say, with the body as it came.
-		partial, err := outboxce.FromBinary(h, rawBody)
+		partial, err := cloudevents.FromBinary(h, rawBody)
 		if err != nil {
-			partial = outboxce.Malformed(err, "", nil, nil).Partial
+			partial = cloudevents.Malformed(err, "", nil, nil).Partial
 		}
-		me := outboxce.Malformed(bodyErr, deref(msg.MessageId), rawAttributes(msg), rawBody)
+		me := cloudevents.Malformed(bodyErr, deref(msg.MessageId), rawAttributes(msg), rawBody)
 		me.Partial = partial
 		return outbox.Message{}, me
 	}
-	m, err := outboxce.FromBinary(h, body)
+	m, err := cloudevents.FromBinary(h, body)
 	if err != nil {
-		return outbox.Message{}, outboxce.Malformed(err, deref(msg.MessageId), rawAttributes(msg), rawBody)
+		return outbox.Message{}, cloudevents.Malformed(err, deref(msg.MessageId), rawAttributes(msg), rawBody)
 	}
 	return m, nil
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
-	outboxce "github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/cloudevents"
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
@@ -111,11 +111,11 @@ func TestEncodeFoldsSubject(t *testing.T) {
 	t.Parallel()
 	m := testMessage()
 	m.Headers = map[string]string{
-		outboxce.IDHeader: "order-42-created", outboxce.SourceHeader: "/shop/orders",
-		outboxce.SubjectHeader: "order-42", outboxce.DataSchemaHeader: "https://x/s.json",
+		cloudevents.IDHeader: "order-42-created", cloudevents.SourceHeader: "/shop/orders",
+		cloudevents.SubjectHeader: "order-42", cloudevents.DataSchemaHeader: "https://x/s.json",
 		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "a=b", "aaa": "1",
 	}
-	m.ID = outboxce.EventID("/shop/orders", "order-42-created")
+	m.ID = cloudevents.EventID("/shop/orders", "order-42-created")
 	w := roundTrip(t, m)
 	if len(w.attrs) != maxAttributes || *w.attrs["ce-id"].StringValue != "order-42-created" || w.attrs["ce-dataschema"].StringValue != nil {
 		t.Fatalf("attributes %v: want all 10 used, the original id, dataschema folded", w.attrNames())

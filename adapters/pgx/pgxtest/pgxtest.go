@@ -5,7 +5,7 @@
 //	func TestCheckoutPublishes(t *testing.T) {
 //		o := pgxtest.New(t, "checkout") // schema checkout_<random>, migrated
 //		o.Commit(t, outbox.New(OrderPlaced{ID: "o-1"}, outbox.WithKey("o-1")))
-//		relay, err := outbox.NewRelay(o.Store(t), sender, nil)
+//		relay, err := relay.New(o.Store(t), sender, nil)
 //		…
 //		outboxtest.WaitFor(t, 10*time.Second, "the outbox to drain", func() bool {
 //			return o.Count(t, "outbox") == 0
@@ -77,7 +77,7 @@ func New(t testing.TB, prefix string) *Outbox {
 }
 
 // Store returns the outbox's relay store, failing t on an error.
-func (o *Outbox) Store(t testing.TB) outbox.Store {
+func (o *Outbox) Store(t testing.TB) outboxdriver.Store {
 	t.Helper()
 	s, err := o.NewStore(o.Pool)
 	if err != nil {

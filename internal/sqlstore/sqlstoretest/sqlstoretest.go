@@ -254,7 +254,7 @@ func (tg *Target) AgeInbox(ctx context.Context, d time.Duration) error {
 
 // Fixture is the conformance suite's fixture over store, with publish writing through the
 // adapter under test. The adapter's test sets PublishNilTx.
-func (tg *Target) Fixture(store outbox.Store, publish func(ctx context.Context, commit bool, events ...outbox.Encodable) error) *outboxtest.StoreFixture {
+func (tg *Target) Fixture(store outboxdriver.Store, publish func(ctx context.Context, commit bool, events ...outbox.Encodable) error) *outboxtest.StoreFixture {
 	d, _ := sqlstore.Lookup(tg.Dialect)
 	cd, _ := sqlstore.Consumer(d)
 	return &outboxtest.StoreFixture{

@@ -217,7 +217,7 @@ func ExerciseTrace(t *testing.T, f *TraceFixture) {
 		t.Fatal("the sender names no destination for the event")
 	}
 
-	relay, err := outbox.NewRelay(f.Store, f.Sender, &outbox.RelayConfig{TracerProvider: tp})
+	relay, err := relay.New(f.Store, f.Sender, &relay.Config{TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}
