@@ -344,8 +344,30 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 		}
 	})
 
-	// A JSON payload with characters some brokers cannot carry as they are (U+FFFF, U+FFFE)
-	// must still reach other CloudEvents readers as JSON under its JSON content type.
+	// Ping (an optional interface, which every transport of this repository implements)
+	// answers while the broker is up, and sends nothing.
+	t.Run("Ping", func(t *testing.T) {
+		t.Parallel()
+		f := fixture(t)
+		p, ok := f.Sender.(outbox.Pinger)
+		if !ok {
+			t.Skip("the Sender is not an outbox.Pinger")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), f.Timeout)
+		defer cancel()
+		for i := range 2 { // once on a fresh Sender, once on one that has pinged
+			if err := p.Ping(ctx); err != nil {
+				t.Fatalf("Ping %d: %v", i+1, err)
+			}
+		}
+		ExpectNone(t, f.Receiver, 300*time.Millisecond)
+		cancelled, cancelNow := context.WithCancel(context.Background())
+		cancelNow()
+		if err := p.Ping(cancelled); err == nil {
+			t.Error("Ping with a cancelled context succeeded, want ctx's error")
+		}
+	})
+
 	t.Run("Outage", func(t *testing.T) {
 		t.Parallel()
 		f := fixture(t)
@@ -355,6 +377,8 @@ func ExerciseTransport(t *testing.T, newFixture func(t *testing.T) *TransportFix
 		exerciseTransportOutage(t, f.Outage(t))
 	})
 
+	// A JSON payload with characters some brokers cannot carry as they are (U+FFFF, U+FFFE)
+	// must still reach other CloudEvents readers as JSON under its JSON content type.
 	t.Run("ForeignReadersParseOurJSON", func(t *testing.T) {
 		t.Parallel()
 		f := fixture(t)
@@ -513,6 +537,43 @@ func ReceiveN(t testing.TB, r outbox.Receiver, n int, timeout time.Duration) []o
 		out = append(out, ds...)
 	}
 	return out
+}
+
+// Unsettled keeps deliveries received and not settled, for tests of how much a receiver
+// hands out before anything is acknowledged (its byte cap).
+type Unsettled struct {
+	Deliveries []outbox.Delivery
+	// Bytes adds up the bodies of Deliveries.
+	Bytes int
+}
+
+// Receive calls r.Receive once, for up to max messages, keeps what it returns unsettled,
+// and returns how many came. A failed Receive, or a delivery without a valid message,
+// fails the test.
+func (u *Unsettled) Receive(t testing.TB, r outbox.Receiver, max int) int {
+	t.Helper()
+	ds, err := r.Receive(context.Background(), max)
+	if err != nil {
+		t.Fatalf("Receive after %d unsettled deliveries: %v", len(u.Deliveries), err)
+	}
+	for _, d := range ds {
+		m, err := d.Message()
+		if err != nil {
+			t.Fatalf("Message(): %v", err)
+		}
+		u.Deliveries, u.Bytes = append(u.Deliveries, d), u.Bytes+len(m.Body)
+	}
+	return len(ds)
+}
+
+// AckFrom acknowledges the deliveries from the i-th on.
+func (u *Unsettled) AckFrom(t testing.TB, i int) {
+	t.Helper()
+	for _, d := range u.Deliveries[i:] {
+		if err := d.Ack(context.Background()); err != nil {
+			t.Fatalf("Ack: %v", err)
+		}
+	}
 }
 
 // ReceiveEach receives n deliveries and hands each to fn as soon as it arrives (fn normally

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,11 +58,27 @@ func exerciseTransportOutage(t *testing.T, o *OutageFixture) {
 		o.Timeout = 60 * time.Second
 	}
 	t.Run("SendFailsAsUnavailable", func(t *testing.T) { sendFailsAsUnavailable(t, o) })
+	t.Run("PingFailsAsUnavailable", func(t *testing.T) {
+		p, ok := o.Sender.(outbox.Pinger)
+		if !ok {
+			t.Skip("the Sender is not an outbox.Pinger")
+		}
+		pingFailsAsUnavailable(t, o, p)
+	})
 	t.Run("RelayWaitsOutTheOutage", func(t *testing.T) {
 		if o.Pipeline == nil {
 			t.Skip("fixture has no Pipeline")
 		}
 		relayWaitsOutTheOutage(t, o)
+	})
+	t.Run("IdleRelayPingsTheBrokerBack", func(t *testing.T) {
+		switch _, ok := o.Sender.(outbox.Pinger); {
+		case o.Pipeline == nil:
+			t.Skip("fixture has no Pipeline")
+		case !ok:
+			t.Skip("the Sender is not an outbox.Pinger")
+		}
+		idleRelayPingsTheBrokerBack(t, o)
 	})
 }
 
@@ -157,6 +174,158 @@ func sendFailsAsUnavailable(t *testing.T, o *OutageFixture) {
 	recv.await(t, o.Timeout, "the valid message sent with the oversize one", ok)
 }
 
+// pingFailsAsUnavailable: Ping answers nil while the broker is up; while it is down it
+// fails within the send's deadline with an error marked outbox.Unavailable; after the
+// restart it answers nil again, every failure on the way back marked unavailable too.
+func pingFailsAsUnavailable(t *testing.T, o *OutageFixture, p outbox.Pinger) {
+	sw := newOutageSwitch(t, o)
+	ping := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), o.SendTimeout)
+		defer cancel()
+		return p.Ping(ctx)
+	}
+	if err := ping(); err != nil {
+		t.Fatalf("Ping before the outage: %v", err)
+	}
+	sw.stop(t)
+	for try := range 2 { // the relay pings again after its backoff
+		err := ping()
+		if err == nil || !outbox.IsUnavailable(err) {
+			t.Fatalf("Ping %d while the broker is down = %v, want an error marked outbox.Unavailable", try+1, err)
+		}
+		if try == 0 {
+			t.Logf("Ping while the broker is down: %v", err)
+		}
+	}
+	sw.start(t)
+	failures := 0
+	WaitFor(t, o.Timeout, "Ping to succeed after the broker restarted", func() bool {
+		err := ping()
+		if err != nil && !outbox.IsUnavailable(err) {
+			t.Fatalf("Ping while the broker comes back, failure %d: %v (not marked outbox.Unavailable)", failures+1, err)
+		}
+		if err != nil {
+			failures++
+		}
+		return err == nil
+	})
+	if failures > 0 {
+		t.Logf("%d Ping(s) failed as unavailable while the broker came back", failures)
+	}
+}
+
+// idleRelayPingsTheBrokerBack: of two relays on one outbox that both found the broker
+// down, the one that drains the outbox once it is back learns so by sending; the other,
+// which finds nothing left to send, learns it by pinging ([outbox.Pinger]) and reports the
+// broker available again (Relay.State) without a message to send. Here the second relay's
+// sends and pings are held back until the first has drained everything, so it cannot
+// learn it any other way.
+func idleRelayPingsTheBrokerBack(t *testing.T, o *OutageFixture) {
+	sw := newOutageSwitch(t, o)
+	p := o.Pipeline(t)
+	ctx := context.Background()
+	held := &heldSender{Sender: p.Sender}
+	drainer := runOutageRelay(t, p, p.Sender, relay.Config{Name: "drainer"})
+	idle := runOutageRelay(t, p, held, relay.Config{Name: "idle"})
+	recv := startCollecting(t, p.Receiver)
+	publish := func(from, n int) []outbox.Message {
+		t.Helper()
+		var events []outbox.Encodable
+		var msgs []outbox.Message
+		for i := from; i < from+n; i++ {
+			e := outbox.New(Note{Text: fmt.Sprintf("event %d", i)})
+			m, _ := e.Encode()
+			events, msgs = append(events, e), append(msgs, m)
+		}
+		if err := p.Publish(ctx, events...); err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		drainer.Wake()
+		idle.Wake()
+		return msgs
+	}
+	recv.await(t, o.Timeout, "the events published before the outage", publish(0, 4)...)
+
+	sw.stop(t)
+	during := publish(4, 12)
+	WaitFor(t, o.Timeout, "both relays to report the broker unavailable", func() bool {
+		return !drainer.State().BrokerUnavailableSince.IsZero() && !idle.State().BrokerUnavailableSince.IsZero()
+	})
+	held.hold.Store(true)
+	sw.start(t)
+	restartedAt := time.Now()
+	recv.await(t, o.Timeout, "the events the draining relay sends after the restart", during...)
+	WaitFor(t, o.Timeout, "the draining relay to report the broker available", func() bool {
+		return drainer.State().BrokerUnavailableSince.IsZero()
+	})
+	drained := time.Since(restartedAt)
+	if s := idle.State(); s.BrokerUnavailableSince.IsZero() {
+		t.Fatalf("the relay whose sends were held back reports the broker available (%+v)", s)
+	}
+	held.sent.Store(0)
+	held.hold.Store(false) // it may reach the broker now, with nothing left to send
+	letThrough := time.Now()
+	WaitFor(t, o.Timeout, "the idle relay to report the broker available again (by Ping)", func() bool {
+		s := idle.State()
+		return s.BrokerUnavailableSince.IsZero() && s.BrokerErr == nil
+	})
+	t.Logf("after the restart, the draining relay sent everything and reported the broker available in %v; the idle relay reported it available %v after it could reach it",
+		drained.Round(time.Millisecond), time.Since(letThrough).Round(time.Millisecond))
+	if n := held.sent.Load(); n > 0 {
+		t.Errorf("the idle relay sent %d message(s) after its sends were let through; the outbox was drained", n)
+	}
+	expectNoDeadLetters(t, p.DeadLetters, "after the outage")
+}
+
+// runOutageRelay runs a relay of p's outbox through s until the test ends, with cfg's name
+// and retries and the outage subtests' timings: probes every 50–500ms, 2s per send, polls
+// every 10–50ms.
+func runOutageRelay(t testing.TB, p *PipelineFixture, s outbox.Sender, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	cfg.UnavailableBackoff, cfg.MaxUnavailableBackoff = 50*time.Millisecond, 500*time.Millisecond
+	cfg.Lease, cfg.SendTimeout = 6*time.Second, 2*time.Second
+	cfg.MinPollInterval, cfg.MaxPollInterval = 10*time.Millisecond, 50*time.Millisecond
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	relay, err := relay.New(p.Store, s, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Relay.Run (%s): %v", cfg.Name, err)
+		}
+	})
+	return relay
+}
+
+// heldSender passes sends and pings to Sender (an outbox.Pinger), or, while hold is set,
+// fails them as unavailable: a relay that cannot reach the broker while another can.
+type heldSender struct {
+	outbox.Sender
+	hold atomic.Bool
+	sent atomic.Int64 // messages passed to Sender
+}
+
+func (h *heldSender) Send(ctx context.Context, msgs []outbox.Message) error {
+	if h.hold.Load() {
+		return outbox.Unavailable(errors.New("outboxtest: this relay's sends are held back"))
+	}
+	err := h.Sender.Send(ctx, msgs)
+	h.sent.Add(int64(len(msgs)))
+	return err
+}
+
+func (h *heldSender) Ping(ctx context.Context) error {
+	if h.hold.Load() {
+		return outbox.Unavailable(errors.New("outboxtest: this relay's pings are held back"))
+	}
+	return h.Sender.(outbox.Pinger).Ping(ctx)
+}
+
 // allUnavailable checks that err fails all n messages of a Send, each marked unavailable:
 // one error for the whole Send, or an *outbox.BatchError naming every message.
 func allUnavailable(err error, n int) error {
@@ -213,24 +382,9 @@ func relayWaitsOutTheOutage(t *testing.T, o *OutageFixture) {
 	sw := newOutageSwitch(t, o)
 	p := o.Pipeline(t)
 	ctx := context.Background()
-	relay, err := relay.New(p.Store, p.Sender, &relay.Config{
+	relay := runOutageRelay(t, p, p.Sender, relay.Config{
 		Name: "outage", MaxAttempts: maxAttempts, RetryBackoff: backoff, MaxRetryBackoff: backoff,
-		UnavailableBackoff: 50 * time.Millisecond, MaxUnavailableBackoff: 500 * time.Millisecond,
-		Lease: 6 * time.Second, SendTimeout: 2 * time.Second, MinPollInterval: 10 * time.Millisecond,
-		MaxPollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stopRelay := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(rctx) }()
-	defer func() {
-		stopRelay()
-		if err := <-done; err != nil {
-			t.Errorf("Relay.Run: %v", err)
-		}
-	}()
 	recv := startCollecting(t, p.Receiver)
 
 	var published []outbox.Encodable
@@ -313,27 +467,40 @@ type collector struct {
 // startCollecting receives from r until the test ends.
 func startCollecting(t testing.TB, r outbox.Receiver) *collector {
 	c := &collector{seen: map[uuid.UUID]int{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
+	// Stopping lets the Receive in flight end by its own deadline rather than cancelling
+	// it: a cancelled long poll may leave messages the broker handed it invisible until
+	// their visibility timeout (SQS) or AckWait (NATS), which the next subtest, on the
+	// same destination, would wait out.
+	stop, done := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(stop); <-done })
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
 	go func() {
 		defer close(done)
-		for ctx.Err() == nil {
-			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+		for !stopped() {
+			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
 			ds, err := r.Receive(rctx, 100)
 			rcancel()
-			if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				c.mu.Lock()
 				c.errs, c.last = c.errs+1, err
 				c.mu.Unlock()
 				select { // a receiver that fails at once would spin
-				case <-ctx.Done():
+				case <-stop:
 				case <-time.After(50 * time.Millisecond):
 				}
 			}
 			for _, d := range ds {
 				m, err := d.Message()
-				_ = d.Ack(ctx) // a lost ack is a copy later, which the collector counts
+				actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = d.Ack(actx) // a lost ack is a copy later, which the collector counts
+				acancel()
 				if err != nil {
 					continue
 				}

@@ -28,10 +28,19 @@
 // service refuses in one message stays that message's: MessageTooLarge,
 // RequestBodyTooLarge, InvalidXmlDocument, InvalidInput (rare: the size check before
 // sending fails an oversize message with outbox.ErrTooLarge without a request). A
-// [Receiver]'s errors are marked the same way.
+// [Receiver]'s errors are marked the same way. [Sender.Ping] (an [outbox.Pinger]) reads a
+// queue's properties, sending nothing: a relay with nothing left to send learns so that the
+// service is back.
+//
+// # Memory
+//
+// A [Receiver] buffers nothing between calls, and the service bounds what it returns: 32
+// messages per request, 64 KiB each. What a consumer holds is its unsettled deliveries
+// (consumer.Config.Concurrency) times that; a malformed message's text is held once.
 package outboxazqueue
 
 import (
+	"bytes"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -164,20 +173,24 @@ func xmlSafe(doc []byte) (string, error) {
 
 // decode reads a queue message's text in either encoding. A CloudEvent document starts with
 // '{', which is not in the base64 alphabet, so the two cannot be confused. Its error is an
-// *outbox.MalformedError holding the service's message ID and the text as received.
-func decode(messageID, text string) (outbox.Message, error) {
-	s := strings.TrimLeft(text, " \t\r\n")
-	doc := []byte(s)
-	if !strings.HasPrefix(s, "{") {
-		var err error
-		if doc, err = base64.StdEncoding.DecodeString(strings.TrimSpace(s)); err != nil {
+// *outbox.MalformedError holding the service's message ID and the text as received: text
+// itself, not a copy, and a document that is the text (Text encoding) is a slice of it, so
+// a malformed message is held once (its decoded form aside, for Base64 encoding).
+func decode(messageID string, text []byte) (outbox.Message, error) {
+	doc := bytes.TrimLeft(text, " \t\r\n")
+	if len(doc) == 0 || doc[0] != '{' {
+		b64 := bytes.TrimSpace(doc)
+		doc = make([]byte, base64.StdEncoding.DecodedLen(len(b64)))
+		n, err := base64.StdEncoding.Decode(doc, b64)
+		if err != nil {
 			err = fmt.Errorf("the text is neither a JSON CloudEvent nor base64 (%v)", err)
-			return outbox.Message{}, cloudevents.Malformed(err, messageID, nil, []byte(text))
+			return outbox.Message{}, cloudevents.Malformed(err, messageID, nil, text)
 		}
+		doc = doc[:n]
 	}
 	m, err := cloudevents.FromStructured(doc)
 	if err != nil {
-		return outbox.Message{}, cloudevents.Malformed(err, messageID, nil, []byte(text))
+		return outbox.Message{}, cloudevents.Malformed(err, messageID, nil, text)
 	}
 	return m, nil
 }

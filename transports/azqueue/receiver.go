@@ -202,7 +202,7 @@ func (r *Receiver) delivery(m *azqueue.DequeuedMessage) *delivery {
 		d.attempt = int(*m.DequeueCount)
 	}
 	if m.MessageText != nil {
-		d.text = *m.MessageText
+		d.text = []byte(*m.MessageText) // the one copy: a malformed message's error shares it
 	}
 	d.msg, d.err = decode(d.id, d.text)
 	var me *outbox.MalformedError
@@ -231,7 +231,7 @@ func (r *Receiver) nextIdle() time.Duration {
 type delivery struct {
 	r       *Receiver
 	id      string // the service's message ID (not the event ID)
-	text    string // as received: Nack writes it back unchanged
+	text    []byte // as received: Nack writes it back unchanged
 	attempt int
 	msg     outbox.Message
 	err     error
@@ -274,7 +274,7 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 		return fmt.Errorf("outboxazqueue: nack of queue %q message %s after it was acked", d.r.queue, d.id)
 	}
 	vis := ceilSeconds(min(max(delay, 0), maxVisibility))
-	resp, err := d.r.client.UpdateMessage(ctx, d.id, d.receipt, d.text, &azqueue.UpdateMessageOptions{VisibilityTimeout: &vis})
+	resp, err := d.r.client.UpdateMessage(ctx, d.id, d.receipt, string(d.text), &azqueue.UpdateMessageOptions{VisibilityTimeout: &vis})
 	if err != nil {
 		return d.fail("nack", err)
 	}

@@ -205,6 +205,27 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	return nil
 }
 
+// Ping reads the properties of a queue the Sender sends to (DefaultQueue, else the first
+// queue the Routes name, by name), sending nothing ([outbox.Pinger]): the relay calls it
+// to learn that the service is back when it has nothing to send. It fails as a Send would,
+// marked outbox.Unavailable for the service's faults: no answer before ctx's deadline, a
+// 5xx or 429, authentication, a queue that does not exist.
+func (s *Sender) Ping(ctx context.Context) error {
+	name := s.cfg.DefaultQueue
+	if name == "" {
+		name = s.queueNames()[0] // validated: DefaultQueue or Routes is set
+	}
+	if _, err := s.queues[name].GetProperties(ctx, nil); err != nil {
+		if queueerror.HasCode(err, queueerror.QueueNotFound) {
+			err = fmt.Errorf("queue %q does not exist (create it, or call Sender.CreateQueues): %w", name, err)
+		} else {
+			err = fmt.Errorf("queue %q: %w", name, err)
+		}
+		return markBrokerFault(fmt.Errorf("outboxazqueue: pinging %w", err))
+	}
+	return nil
+}
+
 func (s *Sender) route(m outbox.Message) (string, error) {
 	if q, ok := s.cfg.Routes[m.Type]; ok {
 		return q, nil
@@ -233,7 +254,10 @@ func (s *Sender) enqueue(ctx context.Context, m outbox.Message, queue, text stri
 	return fmt.Errorf("outboxazqueue: sending message %s to queue %q: %w", m.ID, queue, err)
 }
 
-var _ outbox.Sender = (*Sender)(nil)
+var (
+	_ outbox.Sender = (*Sender)(nil)
+	_ outbox.Pinger = (*Sender)(nil)
+)
 
 // MessagingSystem returns "azure_queue_storage", for telemetry ([outbox.Describer]; the
 // OpenTelemetry conventions name no value for Queue Storage).

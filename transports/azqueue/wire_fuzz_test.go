@@ -37,7 +37,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add("not a CloudEvent")
 	f.Add(base64.StdEncoding.EncodeToString([]byte(`{"specversion":"1.0"}`)))
 	f.Fuzz(func(t *testing.T, text string) {
-		got, err := decode("msg-1", text)
+		got, err := decode("msg-1", []byte(text))
 		if err != nil {
 			if err := outboxtest.CheckMalformed(err, nil, []byte(text), "msg-1"); err != nil {
 				t.Fatalf("decode(%q): %v", text, err)
@@ -52,7 +52,7 @@ func FuzzDecode(f *testing.F) {
 			if err != nil {
 				continue // e.g. not UTF-8 for Text, or over the limit
 			}
-			back, err := decode("msg-2", again)
+			back, err := decode("msg-2", []byte(again))
 			if err != nil || back.ID != got.ID || back.Type != got.Type || back.Key != got.Key || !maps.Equal(back.Headers, got.Headers) {
 				t.Fatalf("%v: re-encoding %q: got %+v, %v", enc, text, back, err)
 			}

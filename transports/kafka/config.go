@@ -18,6 +18,8 @@ const (
 	DefaultMaxPendingPerPartition = 1000
 	// DefaultRevokeTimeout is the default [ReceiverConfig].RevokeTimeout.
 	DefaultRevokeTimeout = 10 * time.Second
+	// DefaultMaxHeldBytes is the default [ReceiverConfig].MaxHeldBytes: 64 MiB.
+	DefaultMaxHeldBytes = 64 << 20
 
 	maxTopicLen = 249 // Kafka's limit on topic names
 )
@@ -101,6 +103,16 @@ type ReceiverConfig struct {
 	// bounds what a restart redelivers: the group's offset cannot pass the oldest
 	// unsettled record. Default [DefaultMaxPendingPerPartition].
 	MaxPendingPerPartition int
+	// MaxHeldBytes bounds the records (key, value and headers) the receiver holds: fetched
+	// and not yet acknowledged, whether handed out, waiting for a retry or waiting behind
+	// an earlier record of their key. Receive fetches more only while they are under it,
+	// so they stay within it plus one Receive's records; an acknowledged record stops
+	// counting at once. The receiver keeps its own copy of each record, so a record it
+	// holds does not pin the rest of the fetch it came in. What franz-go fetches ahead is
+	// on top of this, bounded by kgo.FetchMaxBytes × kgo.MaxConcurrentFetches, which
+	// NewReceiver sets to a quarter of MaxHeldBytes (at least 1 MiB) and 2 unless its opts
+	// set them. Default [DefaultMaxHeldBytes] (64 MiB).
+	MaxHeldBytes int
 	// RevokeTimeout bounds how long a rebalance waits for handlers still running on
 	// records of revoked partitions before it commits what is done and lets the partitions
 	// go. A record still unsettled then is delivered again by its new owner. Keep it below
@@ -125,6 +137,9 @@ func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
 	}
 	if out.RevokeTimeout == 0 {
 		out.RevokeTimeout = DefaultRevokeTimeout
+	}
+	if out.MaxHeldBytes == 0 {
+		out.MaxHeldBytes = DefaultMaxHeldBytes
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -151,6 +166,9 @@ func (c *ReceiverConfig) validate() error {
 	}
 	if c.MaxPendingPerPartition < 1 {
 		errs = append(errs, fmt.Errorf("MaxPendingPerPartition %d is below 1", c.MaxPendingPerPartition))
+	}
+	if c.MaxHeldBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxHeldBytes %d is below 1", c.MaxHeldBytes))
 	}
 	if c.RevokeTimeout < 0 {
 		errs = append(errs, fmt.Errorf("RevokeTimeout %v is negative", c.RevokeTimeout))

@@ -31,6 +31,8 @@
 // record stays the record's: MESSAGE_TOO_LARGE (outbox.ErrTooLarge), CORRUPT_MESSAGE,
 // INVALID_RECORD, INVALID_TIMESTAMP; and so does a small record refused with a batch that
 // was too large (retried). A [Receiver]'s fetch errors are marked the same way.
+// [Sender.Ping] (an [outbox.Pinger]) asks a broker for the cluster's brokers, producing
+// nothing: a relay with nothing left to send learns so that the cluster is back.
 //
 // # Wire format
 //
@@ -69,6 +71,12 @@
 // after a restart, or when a rebalance moves the partition to another member, a record
 // being retried starts again at attempt 1: a poison record then gets up to MaxAttempts
 // tries per owner before it is dead-lettered.
+//
+// A receiver holds at most [ReceiverConfig].MaxHeldBytes (64 MiB by default) of records
+// not yet acknowledged, plus one Receive's: it polls franz-go only below it, keeps its own
+// copy of each record (a held record does not pin its whole fetch) and drops an
+// acknowledged record's content at once. franz-go's fetch buffer comes on top; NewReceiver
+// bounds it (kgo.FetchMaxBytes, kgo.MaxConcurrentFetches) unless its options do.
 //
 // On a rebalance, revoked partitions stop handing out records; the receiver waits up to
 // [ReceiverConfig].RevokeTimeout for the records being handled, commits what was settled

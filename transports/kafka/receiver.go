@@ -38,6 +38,7 @@ type Receiver struct {
 	committing bool             // an async commit is in flight
 	closed     bool
 	blocked    map[string]bool // scratch for take: keys with an earlier unsettled record
+	heldBytes  int             // sizes of the unsettled records of parts
 }
 
 type topicPartition struct {
@@ -78,6 +79,7 @@ type record struct {
 	state   recordState
 	due     time.Time
 	attempt int // deliveries so far
+	size    int // as Kafka counts it (recordSize), in heldBytes until settled
 	part    *partition
 }
 
@@ -102,7 +104,10 @@ func NewReceiver(cfg *ReceiverConfig, opts ...kgo.Opt) (*Receiver, error) {
 		carried: map[recordID]int{},
 		blocked: map[string]bool{},
 	}
-	all := append(append([]kgo.Opt(nil), opts...),
+	// franz-go's own buffer of fetched records, unless opts size it: later options win.
+	fetch := int32(min(max(c.MaxHeldBytes/4, 1<<20), 1<<30))
+	all := append([]kgo.Opt{kgo.FetchMaxBytes(fetch), kgo.MaxConcurrentFetches(2), kgo.BrokerMaxReadBytes(max(fetch*2, 100<<20))}, opts...)
+	all = append(all,
 		kgo.ConsumerGroup(c.Group),
 		kgo.ConsumeTopics(c.Topics...),
 		kgo.DisableAutoCommit(),
@@ -148,6 +153,18 @@ func (r *Receiver) Receive(ctx context.Context, limit int) ([]outbox.Delivery, e
 		until := deadline
 		if !due.IsZero() && due.Before(until) {
 			until = due
+		}
+		if r.full() { // fetch nothing more until records settle
+			t := time.NewTimer(time.Until(until))
+			select {
+			case <-wake:
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			}
+			t.Stop()
+			continue
 		}
 		pctx, cancel := context.WithDeadline(ctx, until)
 		go func() { // a settled record may unblock its key: stop polling and look
@@ -238,8 +255,10 @@ func (r *Receiver) ingest(fetches kgo.Fetches) error {
 			return // cannot happen with BlockRebalanceOnPoll; never hand out a lost partition's record
 		}
 		for _, rec := range fp.Records {
-			rc := &record{rec: rec, part: p}
-			rc.msg, rc.err = decode(rec)
+			rc := &record{rec: own(rec), part: p}
+			rc.size = recordSize(rc.rec)
+			r.heldBytes += rc.size
+			rc.msg, rc.err = decode(rc.rec)
 			id := recordID{p.topicPartition, rec.Offset}
 			if a, ok := r.carried[id]; ok {
 				rc.attempt = a
@@ -278,6 +297,7 @@ func (r *Receiver) settle(d *delivery, ack bool, delay time.Duration) error {
 	var resume map[string][]int32
 	if ack {
 		rc.state = stateSettled
+		r.release(rc)
 		i := 0
 		for ; i < len(p.recs) && p.recs[i].state == stateSettled; i++ {
 			p.done = kgo.EpochOffset{Epoch: p.recs[i].rec.LeaderEpoch, Offset: p.recs[i].rec.Offset + 1}
@@ -298,6 +318,55 @@ func (r *Receiver) settle(d *delivery, ack bool, delay time.Duration) error {
 		r.cl.ResumeFetchPartitions(resume)
 	}
 	return nil
+}
+
+// full reports whether the records held reach MaxHeldBytes.
+func (r *Receiver) full() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.heldBytes >= r.cfg.MaxHeldBytes
+}
+
+// release stops counting rc, settled or dropped, and lets its content go: a settled
+// record stays in its partition only for its offset while an earlier one is unsettled.
+func (r *Receiver) release(rc *record) {
+	r.heldBytes -= rc.size
+	rc.size = 0
+	rc.rec = &kgo.Record{Topic: rc.rec.Topic, Partition: rc.rec.Partition, Offset: rc.rec.Offset, LeaderEpoch: rc.rec.LeaderEpoch}
+	rc.msg = outbox.Message{ID: rc.msg.ID}
+	if rc.err != nil {
+		rc.err = errReleased
+	}
+}
+
+// errReleased is what a malformed record's delivery reports once acknowledged: its
+// content is gone.
+var errReleased = fmt.Errorf("outboxkafka: the record was acknowledged and its content released: %w", outbox.ErrMalformed)
+
+// own returns a copy of rec whose key, value and header values are its own, in one
+// allocation: franz-go's are slices of the whole fetch, which one record held would keep.
+func own(rec *kgo.Record) *kgo.Record {
+	c := *rec
+	n := len(rec.Key) + len(rec.Value)
+	for _, h := range rec.Headers {
+		n += len(h.Value)
+	}
+	buf := make([]byte, 0, n)
+	take := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		buf = append(buf, b...)
+		return buf[len(buf)-len(b) : len(buf) : len(buf)]
+	}
+	c.Key, c.Value = take(rec.Key), take(rec.Value)
+	if rec.Headers != nil {
+		c.Headers = make([]kgo.RecordHeader, len(rec.Headers))
+		for i, h := range rec.Headers {
+			c.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: take(h.Value)}
+		}
+	}
+	return &c
 }
 
 // signalLocked wakes a Receive waiting for records.
@@ -494,6 +563,7 @@ func (r *Receiver) forget(ps map[string][]int32) {
 				continue
 			}
 			for _, rc := range p.recs {
+				r.heldBytes -= rc.size
 				if rc.state != stateSettled && rc.attempt > 0 {
 					if len(r.carried) >= maxCarried {
 						clear(r.carried) // attempt counts are best effort; memory is not

@@ -74,6 +74,19 @@ func NewSender(cl *kgo.Client, cfg *SenderConfig) (*Sender, error) {
 	return &Sender{cl: cl, cfg: c, clientLimit: limit, limits: map[string]topicLimit{}}, nil
 }
 
+// Ping asks the cluster for its brokers (franz-go's Client.Ping: a metadata request to a
+// broker the client knows, else a seed), sending nothing ([outbox.Pinger]): the relay
+// calls it to learn that the cluster is back when it has nothing to send. A topic that does
+// not exist is not noticed here but at the next send. It fails as a Send would, marked
+// outbox.Unavailable for the cluster's faults: no broker reachable, a closed client, no
+// answer before ctx's deadline.
+func (s *Sender) Ping(ctx context.Context) error {
+	if err := s.cl.Ping(ctx); err != nil {
+		return markBrokerFault(fmt.Errorf("outboxkafka: ping: %w", err))
+	}
+	return nil
+}
+
 // TopicFor returns the topic m is produced to: its type's route, else the default Topic. An
 // event of an unrouted type with no default topic fails permanently.
 func (s *Sender) TopicFor(m outbox.Message) (string, error) {
@@ -285,7 +298,10 @@ func formatBytes(n int) string {
 	}
 }
 
-var _ outbox.Sender = (*Sender)(nil)
+var (
+	_ outbox.Sender = (*Sender)(nil)
+	_ outbox.Pinger = (*Sender)(nil)
+)
 
 // Features describes what the transport promises for records s produces to topic and a
 // [Receiver] reads: per-key order (a key's records share a partition, and the receiver

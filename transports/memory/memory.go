@@ -2,7 +2,7 @@
 // consumer's Receiver. It is for tests and examples (nothing survives the process), and it
 // behaves like a real broker where that matters to them: redelivery after a visibility
 // timeout, delivery counts, optional per-key FIFO and dedup by message ID, and injectable
-// send failures.
+// send and ping failures (Config.SendHook, Config.PingHook).
 package outboxmemory
 
 import (
@@ -34,6 +34,10 @@ type Config struct {
 	// a broker outage (the relay pauses and spends no attempt), any other error the
 	// message's own fault.
 	SendHook func(outbox.Message) error
+	// PingHook, when set, is what Ping returns. Tests set it with SendHook to play a
+	// broker that is down: an error marked outbox.Unavailable keeps a relay that has
+	// nothing to send paused.
+	PingHook func(context.Context) error
 }
 
 // Queue is an in-memory queue. The zero value is not usable; call [New].
@@ -109,6 +113,18 @@ func (q *Queue) Send(ctx context.Context, msgs []outbox.Message) error {
 	q.wakeLocked()
 	if len(failed) > 0 {
 		return &outbox.BatchError{Failed: failed}
+	}
+	return nil
+}
+
+// Ping reports whether the queue answers ([outbox.Pinger]): always, unless ctx is done or
+// Config.PingHook says otherwise.
+func (q *Queue) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if q.cfg.PingHook != nil {
+		return q.cfg.PingHook(ctx)
 	}
 	return nil
 }
@@ -258,6 +274,7 @@ func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
 
 var (
 	_ outbox.Sender   = (*Queue)(nil)
+	_ outbox.Pinger   = (*Queue)(nil)
 	_ outbox.Receiver = (*Queue)(nil)
 )
 

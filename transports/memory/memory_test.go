@@ -1,6 +1,7 @@
 package outboxmemory_test
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -26,20 +27,23 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// outage is a queue whose SendHook refuses every message while the "broker" is down, as a
-// broker that cannot be reached would: with an error marked outbox.Unavailable.
+// outage is a queue whose SendHook refuses every message, and whose PingHook every ping,
+// while the "broker" is down, as a broker that cannot be reached would: with an error
+// marked outbox.Unavailable.
 func outage(cfg *outboxmemory.Config) *outboxtest.OutageFixture {
 	var down atomic.Bool
 	c := outboxmemory.Config{}
 	if cfg != nil {
 		c = *cfg
 	}
-	c.SendHook = func(m outbox.Message) error {
+	refused := func() error {
 		if down.Load() {
 			return outbox.Unavailable(errors.New("connection refused"))
 		}
 		return nil
 	}
+	c.SendHook = func(outbox.Message) error { return refused() }
+	c.PingHook = func(context.Context) error { return refused() }
 	q := outboxmemory.New(&c)
 	return &outboxtest.OutageFixture{
 		Sender: q, Receiver: q, Features: q.Features(),

@@ -53,5 +53,13 @@
 // the stream refuses in one message is that message's: over the server's max_payload or
 // the stream's max_msg_size (outbox.ErrTooLarge), headers over 64 KiB, a subject of
 // another stream than [SenderConfig].Stream. A [Receiver]'s pull errors are marked the
-// same way.
+// same way. [Sender.Ping] (an [outbox.Pinger]) asks for the stream's info (or the
+// account's), sending nothing: a relay with nothing left to send learns so that the server
+// is back.
+//
+// # Memory
+//
+// A [Receiver] holds at most [ReceiverConfig].MaxHeldBytes (64 MiB by default) of messages
+// handed out and not yet settled: its pulls ask the server for no more than what is left,
+// and a full receiver waits for a delivery to settle before it pulls again.
 package outboxnats

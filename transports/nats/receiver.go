@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,6 +14,14 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/cloudevents"
+)
+
+const (
+	// DefaultMaxHeldBytes is the default [ReceiverConfig].MaxHeldBytes: 64 MiB.
+	DefaultMaxHeldBytes = 64 << 20
+	// DefaultMaxMessageBytes is the default [ReceiverConfig].MaxMessageBytes: 1 MiB, the
+	// default max_payload of a NATS server.
+	DefaultMaxMessageBytes = 1 << 20
 )
 
 // ReceiverConfig configures a [Receiver]. The zero value (or nil) means the defaults below.
@@ -29,6 +38,20 @@ type ReceiverConfig struct {
 	// absorbs it). Default false: Ack is JetStream's double ack, and returns only once the
 	// server has recorded it.
 	AsyncAck bool
+	// MaxHeldBytes bounds the messages (data and headers) the receiver has handed out and
+	// that are not yet acknowledged, negatively acknowledged or past the consumer's
+	// AckWait (the server then delivers them again). A pull that waits for a message asks
+	// the server for no more than what is left (the pull's max_bytes); a pull of what is
+	// ready now, which the server cannot limit by bytes, asks for as many messages as fit
+	// at MaxMessageBytes each. Once nothing is left, Receive pulls nothing until a
+	// delivery settles. With nothing held, a message larger than the bound still comes,
+	// alone. Default [DefaultMaxHeldBytes] (64 MiB).
+	MaxHeldBytes int
+	// MaxMessageBytes is the largest message, data and headers, the stream can hold: the
+	// server's max_payload (1 MiB by default, 64 MiB at most), or the stream's
+	// max_msg_size when lower. MaxHeldBytes holds as long as no message is larger. Default
+	// [DefaultMaxMessageBytes] (1 MiB).
+	MaxMessageBytes int
 }
 
 // Receiver reads messages from a JetStream pull consumer; it implements outbox.Receiver
@@ -36,8 +59,14 @@ type ReceiverConfig struct {
 type Receiver struct {
 	c        jetstream.Consumer
 	cfg      ReceiverConfig
-	maxBatch int  // the consumer's MaxRequestBatch or MaxAckPending, 0 if unlimited
-	serial   bool // the consumer hands out one message at a time (MaxAckPending 1)
+	maxBatch int           // the consumer's MaxRequestBatch or MaxAckPending, 0 if unlimited
+	serial   bool          // the consumer hands out one message at a time (MaxAckPending 1)
+	ackWait  time.Duration // the consumer's AckWait: a delivery held longer comes again
+
+	mu       sync.Mutex
+	held     map[*delivery]struct{} // handed out, not settled
+	heldSize int                    // their sizes, added up
+	settled  chan struct{}          // closed (and replaced) when a delivery settles
 }
 
 // NewReceiver returns a receiver reading through c, a durable (or long-lived) pull
@@ -59,9 +88,22 @@ func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
 	if r.cfg.MaxWait == 0 {
 		r.cfg.MaxWait = 5 * time.Second
 	}
+	if r.cfg.MaxHeldBytes == 0 {
+		r.cfg.MaxHeldBytes = DefaultMaxHeldBytes
+	}
+	if r.cfg.MaxMessageBytes == 0 {
+		r.cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	r.ackWait, r.held, r.settled = 30*time.Second, map[*delivery]struct{}{}, make(chan struct{})
 	var errs []error
 	if r.cfg.MaxWait < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("MaxWait %v is under 10ms", r.cfg.MaxWait))
+	}
+	if r.cfg.MaxHeldBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxHeldBytes %d is below 1", r.cfg.MaxHeldBytes))
+	}
+	if r.cfg.MaxMessageBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is below 1", r.cfg.MaxMessageBytes))
 	}
 	if info := c.CachedInfo(); info != nil {
 		cc := info.Config
@@ -80,6 +122,9 @@ func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
 			r.maxBatch = cc.MaxAckPending
 		}
 		r.serial = cc.MaxAckPending == 1
+		if cc.AckWait > 0 {
+			r.ackWait = cc.AckWait
+		}
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("outboxnats: invalid Receiver: %w", errors.Join(errs...))
@@ -89,9 +134,11 @@ func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
 
 // Receive returns up to max messages: at once those the consumer has ready, otherwise the
 // first to arrive within MaxWait (with any that arrived along with it), or none when
-// MaxWait passes. It returns at most the consumer's MaxAckPending and MaxRequestBatch.
-// Once ctx is done it returns ctx's error; messages the interrupted poll had received are
-// negatively acknowledged, so they are redelivered at once (which counts in their Attempt).
+// MaxWait passes. It returns at most the consumer's MaxAckPending and MaxRequestBatch, and
+// no more bytes than MaxHeldBytes leaves: while the deliveries not yet settled fill it,
+// Receive waits for one to settle (or MaxWait to pass) before it pulls. Once ctx is done
+// it returns ctx's error; messages the interrupted poll had received are negatively
+// acknowledged, so they are redelivered at once (which counts in their Attempt).
 func (r *Receiver) Receive(ctx context.Context, max int) ([]outbox.Delivery, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -103,53 +150,85 @@ func (r *Receiver) Receive(ctx context.Context, max int) ([]outbox.Delivery, err
 	if r.maxBatch > 0 && n > r.maxBatch {
 		n = r.maxBatch
 	}
-	// First what is ready now. Not on a consumer with MaxAckPending 1, which is at its
-	// limit whenever a message is out: the server drops a no-wait pull at the limit without
-	// an answer (nats-server 2.9), and the client would wait out its 1s fallback.
-	var out []outbox.Delivery
-	if !r.serial {
-		var err error
-		if out, err = r.fetchNoWait(n); err != nil || len(out) > 0 {
-			return out, err
-		}
-	}
-
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.MaxWait)
 	defer cancel()
-	batch, err := r.c.Fetch(1, jetstream.FetchContext(wctx))
-	if err != nil {
+	for {
+		left, empty, settled := r.budget()
+		if left == 0 { // full: wait for a delivery to settle
+			select {
+			case <-settled:
+				continue
+			case <-wctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		// First what is ready now. Not on a consumer with MaxAckPending 1, which is at
+		// its limit whenever a message is out: the server drops a no-wait pull at the
+		// limit without an answer (nats-server 2.9), and the client would wait out its 1s
+		// fallback.
+		if !r.serial {
+			out, err := r.pullReady(n, left)
+			if err != nil || len(out) > 0 {
+				return out, err
+			}
+		}
+		// Then the first message to come; with nothing held, whatever its size.
+		opts := []jetstream.FetchOpt{jetstream.FetchContext(wctx)}
+		if !empty {
+			opts = append(opts, jetstream.FetchMaxBytes(left))
+		}
+		batch, err := r.c.Fetch(1, opts...)
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			case wctx.Err() != nil:
+				return nil, nil
+			}
+			return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
+		}
+		out := r.collect(batch)
+		err = batch.Error()
 		switch {
 		case ctx.Err() != nil:
+			release(out)
 			return nil, ctx.Err()
-		case wctx.Err() != nil:
+		case len(out) == 0 && errors.Is(err, context.DeadlineExceeded):
+			return nil, nil // the long poll ended empty
+		case len(out) == 0 && err != nil:
+			return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
+		case len(out) == 0 && !empty && wctx.Err() == nil:
+			// The server ended the pull at once: the next message is larger than what
+			// is left. It comes once deliveries settle.
+			select {
+			case <-settled:
+				continue
+			case <-wctx.Done():
+				return nil, ctx.Err()
+			}
+		case len(out) == 0:
 			return nil, nil
 		}
-		return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
+		if len(out) < n {
+			// Whatever arrived with the first message; an error here recurs on the next
+			// call.
+			if left, _, _ := r.budget(); left > 0 {
+				more, _ := r.pullReady(n-len(out), left)
+				out = append(out, more...)
+			}
+		}
+		return out, nil
 	}
-	out = r.collect(batch)
-	err = batch.Error()
-	switch {
-	case ctx.Err() != nil:
-		release(out)
-		return nil, ctx.Err()
-	case len(out) == 0 && errors.Is(err, context.DeadlineExceeded):
-		return nil, nil // the long poll ended empty
-	case len(out) == 0 && err != nil:
-		return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
-	case len(out) == 0:
-		return nil, nil
-	}
-	if len(out) < n {
-		// Whatever arrived with the first message; an error here recurs on the next call.
-		more, _ := r.fetchNoWait(n - len(out))
-		out = append(out, more...)
-	}
-	return out, nil
 }
 
-// fetchNoWait returns the messages the consumer has ready, without waiting.
-func (r *Receiver) fetchNoWait(max int) ([]outbox.Delivery, error) {
-	batch, err := r.c.FetchNoWait(max)
+// pullReady returns the messages the consumer has ready, without waiting: up to n, and as
+// many as left bytes hold at MaxMessageBytes each (a no-wait pull takes no byte limit).
+func (r *Receiver) pullReady(n, left int) ([]outbox.Delivery, error) {
+	n = min(n, left/r.cfg.MaxMessageBytes)
+	if n < 1 {
+		return nil, nil
+	}
+	batch, err := r.c.FetchNoWait(n)
 	if err != nil {
 		return nil, markBrokerFault(fmt.Errorf("outboxnats: pulling from consumer %s: %w", r.name(), err))
 	}
@@ -160,10 +239,50 @@ func (r *Receiver) fetchNoWait(max int) ([]outbox.Delivery, error) {
 	return out, nil
 }
 
+// budget returns how many bytes the next pull may bring (what MaxHeldBytes leaves: 0 when
+// nothing is), whether nothing is held, and a channel closed when a delivery settles. A
+// delivery held past the consumer's AckWait no longer counts: the server delivers it
+// again.
+func (r *Receiver) budget() (left int, empty bool, settled <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for d := range r.held {
+		if now.After(d.expires) {
+			delete(r.held, d)
+			r.heldSize -= d.size
+		}
+	}
+	return max(0, r.cfg.MaxHeldBytes-r.heldSize), len(r.held) == 0, r.settled
+}
+
+// hold counts d as held until it settles.
+func (r *Receiver) hold(d *delivery) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held[d] = struct{}{}
+	r.heldSize += d.size
+}
+
+// settle stops counting d (once), and wakes a Receive waiting for room.
+func (r *Receiver) settle(d *delivery) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.held[d]; !ok {
+		return
+	}
+	delete(r.held, d)
+	r.heldSize -= d.size
+	close(r.settled)
+	r.settled = make(chan struct{})
+}
+
 func (r *Receiver) collect(batch jetstream.MessageBatch) []outbox.Delivery {
 	var out []outbox.Delivery
 	for msg := range batch.Messages() {
-		out = append(out, r.newDelivery(msg))
+		d := r.newDelivery(msg)
+		r.hold(d)
+		out = append(out, d)
 	}
 	return out
 }
@@ -178,12 +297,19 @@ func (r *Receiver) name() string {
 // release hands back deliveries a cancelled Receive will not return.
 func release(ds []outbox.Delivery) {
 	for _, d := range ds {
-		_ = d.(*delivery).msg.Nak() // best effort: otherwise they return after AckWait
+		dl := d.(*delivery)
+		dl.r.settle(dl)
+		_ = dl.msg.Nak() // best effort: otherwise they return after AckWait
 	}
 }
 
 func (r *Receiver) newDelivery(msg jetstream.Msg) *delivery {
-	d := &delivery{msg: msg, asyncAck: r.cfg.AsyncAck, attempt: 1}
+	d := &delivery{r: r, msg: msg, asyncAck: r.cfg.AsyncAck, attempt: 1, size: len(msg.Data()), expires: time.Now().Add(r.ackWait)}
+	for k, vs := range msg.Headers() {
+		for _, v := range vs {
+			d.size += len(k) + len(v) + 4 // "k: v\r\n"
+		}
+	}
 	if meta, err := msg.Metadata(); err == nil {
 		d.attempt = int(meta.NumDelivered)
 		d.stream, d.seq = meta.Stream, meta.Sequence.Stream
@@ -221,6 +347,9 @@ func decode(hs nats.Header, data []byte, brokerID string) (outbox.Message, error
 
 // delivery is one message pulled from the consumer.
 type delivery struct {
+	r        *Receiver
+	size     int       // data and headers, counted against MaxHeldBytes until settled
+	expires  time.Time // when the server delivers it again (AckWait) if not settled
 	msg      jetstream.Msg
 	m        outbox.Message
 	err      error
@@ -240,6 +369,7 @@ func (d *delivery) Attempt() int { return d.attempt }
 
 // Ack acknowledges the message: with a double ack (waiting for the server) by default.
 func (d *delivery) Ack(ctx context.Context) error {
+	d.r.settle(d) // acked, or delivered again after AckWait: no longer held either way
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -257,6 +387,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 
 // Nack asks the server to deliver the message again after delay.
 func (d *delivery) Nack(ctx context.Context, delay time.Duration) error {
+	d.r.settle(d)
 	if err := ctx.Err(); err != nil {
 		return err
 	}

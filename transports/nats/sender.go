@@ -253,6 +253,32 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	return nil
 }
 
+// Ping asks the server a question, sending nothing ([outbox.Pinger]): the relay calls it
+// to learn that the server is back when it has nothing to send. With SenderConfig.Stream
+// it asks for that stream's info, so a stream that does not exist (yet) fails the ping;
+// otherwise for the account's JetStream info, which a server answers only with JetStream
+// up. It fails as a Send would, marked outbox.Unavailable for the server's faults: the
+// connection down or reconnecting, no responders, no answer before ctx's deadline, a
+// missing stream, JetStream not enabled.
+func (s *Sender) Ping(ctx context.Context) error {
+	nc := s.js.Conn()
+	if !nc.IsConnected() {
+		return outbox.Unavailable(fmt.Errorf("outboxnats: ping: the connection is %s: %w", nc.Status(), nats.ErrDisconnected))
+	}
+	var err error
+	if s.cfg.Stream != "" {
+		if _, err = s.js.Stream(ctx, s.cfg.Stream); errors.Is(err, jetstream.ErrStreamNotFound) {
+			return outbox.Unavailable(fmt.Errorf("outboxnats: ping: stream %s does not exist: %w", s.cfg.Stream, err))
+		}
+	} else {
+		_, err = s.js.AccountInfo(ctx)
+	}
+	if err != nil {
+		return markBrokerFault(fmt.Errorf("outboxnats: ping: %w", err))
+	}
+	return nil
+}
+
 // ackError describes a publish the stream refused or never acknowledged.
 func ackError(m outbox.Message, subj string, err error) error {
 	var api *jetstream.APIError
@@ -406,7 +432,10 @@ func formatBytes(n int) string {
 	}
 }
 
-var _ outbox.Sender = (*Sender)(nil)
+var (
+	_ outbox.Sender = (*Sender)(nil)
+	_ outbox.Pinger = (*Sender)(nil)
+)
 
 // subject routes m, unchecked.
 func (s *Sender) subject(m outbox.Message) string {

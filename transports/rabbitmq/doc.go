@@ -67,4 +67,16 @@
 // (no queue is bound for its routing key: retried, then dead-lettered), and a channel the
 // broker closed over what one message carried (406 PRECONDITION_FAILED, frame errors). A
 // [Receiver]'s connection and subscription errors are marked the same way.
+// [Sender.Ping] (an [outbox.Pinger]) checks the connection, dialling it if needed, and the
+// exchange, sending nothing: a relay with nothing left to send learns so that the broker is
+// back.
+//
+// # Memory
+//
+// RabbitMQ pushes up to Prefetch unacknowledged messages to a consumer whatever their size,
+// and cannot limit them by bytes. A [Receiver] therefore sizes Prefetch from
+// [ReceiverConfig].MaxHeldBytes (64 MiB by default) and MaxMessageBytes, the largest body
+// the queue can hold (16 MiB, RabbitMQ 4's max_message_size): 4 messages at the defaults.
+// Set MaxMessageBytes to your largest message (and the broker's max_message_size to match)
+// for a larger Prefetch under the same bound.
 package outboxrabbitmq

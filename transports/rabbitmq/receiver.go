@@ -20,6 +20,14 @@ import (
 // consumer_timeout (30 minutes by default).
 const MaxHold = 15 * time.Minute
 
+const (
+	// DefaultMaxHeldBytes is the default [ReceiverConfig].MaxHeldBytes: 64 MiB.
+	DefaultMaxHeldBytes = 64 << 20
+	// DefaultPrefetch is the most messages a [Receiver] asks the broker to send ahead by
+	// default, when MaxHeldBytes allows as many.
+	DefaultPrefetch = 100
+)
+
 // ReceiverConfig configures a [Receiver]. Queue is required; other zero fields take the
 // defaults below.
 type ReceiverConfig struct {
@@ -27,8 +35,24 @@ type ReceiverConfig struct {
 	// Required.
 	Queue string
 	// Prefetch is how many unacknowledged messages the broker sends ahead (basic.qos).
-	// Keep it at least the consumer's Concurrency. Default 100; 1 when Ordered.
+	// Keep it at least the consumer's Concurrency. Default: as many as MaxHeldBytes
+	// allows at MaxMessageBytes each, at most [DefaultPrefetch] (100) and at least 1 (4 at
+	// the defaults); 1 when Ordered. A Prefetch over 1 that MaxHeldBytes does not allow
+	// (Prefetch × MaxMessageBytes > MaxHeldBytes) is refused.
 	Prefetch int
+	// MaxMessageBytes is the largest message body the queue can hold: the broker's
+	// max_message_size (16 MiB by default since RabbitMQ 4.0, 128 MiB before), or less if
+	// every producer of the queue sends less. It sizes the default Prefetch. Default
+	// [DefaultMaxMessageBytes] (16 MiB); at most [MaxMessageBytesLimit].
+	MaxMessageBytes int
+	// MaxHeldBytes bounds the message bodies the receiver holds at once: the messages the
+	// broker sent ahead and those handed out and not yet acknowledged. RabbitMQ cannot
+	// limit prefetch by bytes (it does not implement basic.qos prefetch-size), so the bound
+	// is kept by the count: Prefetch × MaxMessageBytes stays within it, one message at
+	// least. With small messages, set MaxMessageBytes to the largest one (and the broker's
+	// max_message_size to match) to get a larger Prefetch under the same bound. Default
+	// [DefaultMaxHeldBytes] (64 MiB).
+	MaxHeldBytes int
 	// MaxWait bounds one Receive: it returns no messages after waiting this long for one.
 	// Default 5s.
 	MaxWait time.Duration
@@ -53,10 +77,16 @@ func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
 		out = *c
 		out.RetryDelays = slices.Clone(c.RetryDelays)
 	}
+	if out.MaxMessageBytes == 0 {
+		out.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if out.MaxHeldBytes == 0 {
+		out.MaxHeldBytes = DefaultMaxHeldBytes
+	}
 	if out.Prefetch == 0 {
-		out.Prefetch = 100
-		if out.Ordered {
-			out.Prefetch = 1
+		out.Prefetch = 1
+		if !out.Ordered && out.MaxMessageBytes > 0 {
+			out.Prefetch = min(DefaultPrefetch, max(1, out.MaxHeldBytes/out.MaxMessageBytes))
 		}
 	}
 	if out.MaxWait == 0 {
@@ -79,6 +109,15 @@ func (c *ReceiverConfig) validate() []error {
 	}
 	if c.Ordered && c.Prefetch != 1 {
 		errs = append(errs, fmt.Errorf("Prefetch %d with Ordered: an ordered receiver has one message in flight", c.Prefetch))
+	}
+	if c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxMessageBytesLimit {
+		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is outside 1..%d", c.MaxMessageBytes, MaxMessageBytesLimit))
+	}
+	if c.MaxHeldBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxHeldBytes %d is below 1", c.MaxHeldBytes))
+	} else if c.Prefetch > 1 && c.MaxMessageBytes > 0 && int64(c.Prefetch)*int64(c.MaxMessageBytes) > int64(c.MaxHeldBytes) {
+		errs = append(errs, fmt.Errorf("Prefetch %d × MaxMessageBytes %d is over MaxHeldBytes %d: lower Prefetch (or leave it to its default, %d), set MaxMessageBytes to your largest message, or raise MaxHeldBytes",
+			c.Prefetch, c.MaxMessageBytes, c.MaxHeldBytes, max(1, c.MaxHeldBytes/c.MaxMessageBytes)))
 	}
 	if c.MaxWait < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("MaxWait %v is under 10ms", c.MaxWait))

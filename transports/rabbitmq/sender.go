@@ -328,6 +328,52 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	return nil
 }
 
+// Ping checks that the broker answers, sending nothing ([outbox.Pinger]): the relay calls
+// it to learn that the broker is back when it has nothing to send. It takes the sender's
+// connection, dialling it if it is down, and on one of its publishing channels (opened if
+// none is idle) checks that the exchange exists, a round trip to the broker. It fails as a
+// Send would, marked outbox.Unavailable for the broker's faults: a dial that fails, a
+// connection that is blocked (a resource alarm) or lost, an exchange that does not exist
+// (yet), no answer before ctx's deadline.
+func (s *Sender) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	conn, err := s.link.connection(ctx)
+	if err != nil {
+		return markBrokerFault(err)
+	}
+	if reason := s.link.blockedReason(conn); reason != "" {
+		return outbox.Unavailable(fmt.Errorf("outboxrabbitmq: ping: the broker at %s blocks publishing (%s)", s.link.where, reason))
+	}
+	// amqp091-go's synchronous methods take no context: the check runs on its own, and a
+	// broker that does not answer in time fails the ping (the check ends with the
+	// connection, at the latest, and Close waits for it).
+	done := make(chan error, 1)
+	s.link.watchers.Go(func() { done <- s.checkExchange(conn) })
+	select {
+	case err := <-done:
+		return markBrokerFault(err)
+	case <-ctx.Done():
+		return outbox.Unavailable(fmt.Errorf("outboxrabbitmq: ping: no answer from the broker at %s: %w", s.link.where, ctx.Err()))
+	}
+}
+
+// checkExchange declares the exchange passively on an idle publishing channel of conn (or
+// a new one) and puts the channel back.
+func (s *Sender) checkExchange(conn *amqp.Connection) error {
+	pc, err := s.acquire(conn)
+	if err != nil {
+		return fmt.Errorf("outboxrabbitmq: ping: %w", err)
+	}
+	if err := pc.ch.ExchangeDeclarePassive(s.cfg.Exchange, "", false, false, false, false, nil); err != nil {
+		s.release(pc, false)
+		return fmt.Errorf("outboxrabbitmq: ping: exchange %q on %s: %w", s.cfg.Exchange, s.link.where, s.closeReason(pc, err))
+	}
+	s.release(pc, true)
+	return nil
+}
+
 // noteReturn records which message of the batch r is.
 func noteReturn(r amqp.Return, byID map[string][]int, returned map[int]amqp.Return) {
 	for _, j := range byID[r.MessageId] {
@@ -426,7 +472,10 @@ func (s *Sender) release(pc *pubChannel, clean bool) {
 	s.link.closeChannel(pc.ch)
 }
 
-var _ outbox.Sender = (*Sender)(nil)
+var (
+	_ outbox.Sender = (*Sender)(nil)
+	_ outbox.Pinger = (*Sender)(nil)
+)
 
 // messagingSystem is RabbitMQ's messaging.system in the OpenTelemetry conventions.
 const messagingSystem = "rabbitmq"

@@ -54,6 +54,14 @@
 // message carries (InvalidMessageContents, InvalidAttributeName, InvalidAttributeValue,
 // InvalidParameterValue: permanent; MessageTooLong: outbox.ErrTooLarge) stays the
 // message's. A [Receiver]'s ReceiveMessage errors are marked the same way.
+// [Sender.Ping] (an [outbox.Pinger]) reads one attribute of a queue it sends to, sending
+// nothing: a relay with nothing left to send learns so that SQS is back.
+//
+// # Memory
+//
+// A [Receiver] buffers nothing between calls, and SQS bounds each: one ReceiveMessage
+// returns at most 10 messages of at most 1 MiB. What a consumer holds is its unsettled
+// deliveries (consumer.Config.Concurrency) times that.
 package outboxsqs
 
 import (
@@ -62,9 +70,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 )
 
-// SenderAPI is the part of *sqs.Client a [Sender] uses.
+// SenderAPI is the part of *sqs.Client a [Sender] uses: SendMessageBatch to send, and
+// GetQueueAttributes for [Sender.Ping].
 type SenderAPI interface {
 	SendMessageBatch(ctx context.Context, params *sqs.SendMessageBatchInput, optFns ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
+	GetQueueAttributes(ctx context.Context, params *sqs.GetQueueAttributesInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error)
 }
 
 // ReceiverAPI is the part of *sqs.Client a [Receiver] uses.

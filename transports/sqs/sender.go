@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ type Sender struct {
 	cfg    *SenderConfig
 	def    *queue            // QueueURL's queue; nil when unset
 	routes map[string]*queue // event type → queue
+	ping   *queue            // the queue Ping looks at
 }
 
 // NewSender returns a Sender over client (normally an *sqs.Client). cfg is validated here:
@@ -49,7 +51,32 @@ func NewSender(client SenderAPI, cfg *SenderConfig) (*Sender, error) {
 	for typ, u := range c.Routes {
 		s.routes[typ], _ = parseQueue(u)
 	}
+	s.ping = s.def
+	for _, typ := range slices.Sorted(maps.Keys(s.routes)) {
+		if s.ping == nil {
+			s.ping = s.routes[typ]
+		}
+	}
 	return s, nil
+}
+
+// Ping asks SQS for one attribute of a queue the Sender sends to (QueueURL's, else the
+// first route's by event type), sending nothing ([outbox.Pinger]): the relay calls it to
+// learn that SQS is back when it has nothing to send. It fails as a Send would, marked
+// outbox.Unavailable for SQS's faults: no answer before ctx's deadline, throttling,
+// credentials refused, a queue that does not exist.
+func (s *Sender) Ping(ctx context.Context) error {
+	_, err := s.client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl:       &s.ping.url,
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn},
+	}, withPlainBody)
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+		err = fmt.Errorf("%w (%w)", ctxErr, err)
+	}
+	return markBrokerFault(fmt.Errorf("outboxsqs: pinging queue %s: %w", s.ping.name, err))
 }
 
 // Features reports what the Sender's queues do: FIFO and Dedup only when every queue it
@@ -249,7 +276,10 @@ func entryError(m outbox.Message, q *queue, f types.BatchResultErrorEntry) error
 	return wrapped
 }
 
-var _ outbox.Sender = (*Sender)(nil)
+var (
+	_ outbox.Sender = (*Sender)(nil)
+	_ outbox.Pinger = (*Sender)(nil)
+)
 
 // MessagingSystem returns "aws_sqs", for telemetry ([outbox.Describer]).
 func (s *Sender) MessagingSystem() string { return messagingSystem }

@@ -40,9 +40,17 @@ func (s scriptedSQS) SendMessageBatch(_ context.Context, in *sqs.SendMessageBatc
 	return out, nil
 }
 
+func (s scriptedSQS) GetQueueAttributes(context.Context, *sqs.GetQueueAttributesInput, ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	return &sqs.GetQueueAttributesOutput{}, nil
+}
+
 // TestBrokerFaultClassification: a SendMessageBatch that fails for reasons of SQS, the
 // endpoint or the connection — whole, or entry by entry — fails every message as
-// outbox.Unavailable; what SQS refuses in one message is not.
+// outbox.Unavailable; what SQS refuses in one message is not. A Ping that fails with the
+// same error is classified the same.
 func TestBrokerFaultClassification(t *testing.T) {
 	status := func(code int, api error) error {
 		return &awshttp.ResponseError{ResponseError: &smithyhttp.ResponseError{
@@ -80,6 +88,11 @@ func TestBrokerFaultClassification(t *testing.T) {
 			s, err := outboxsqs.NewSender(c.sqs, &outboxsqs.SenderConfig{QueueURL: "https://sqs.us-east-1.amazonaws.com/123456789012/orders"})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if c.sqs.err != nil { // a Ping meets the same errors: classified alike
+				if err := s.Ping(context.Background()); outbox.IsUnavailable(err) != c.broker {
+					t.Errorf("Ping: %v: unavailable %v, want %v", err, outbox.IsUnavailable(err), c.broker)
+				}
 			}
 			msgs := []outbox.Message{message("t", "", `{}`), message("t", "", `{}`)}
 			err = s.Send(context.Background(), msgs)
