@@ -20,7 +20,7 @@ import (
 // events reach a quorum queue by three paths:
 //
 //   - bare: a plain amqp091-go loop on a confirm-mode channel publishing the same messages
-//     the Sender sends (persistent, mandatory, the cloudEvents: headers, message-id), in
+//     the Sender sends (persistent, mandatory, the cloudEvents_ headers, message-id), in
 //     batches of 500, waiting for every confirm of a batch: the broker's own rate from a
 //     client that gives the same guarantee;
 //   - sender: outboxrabbitmq.Sender.Send in batches of 500, without a database;
@@ -52,8 +52,8 @@ func BenchmarkRabbitMQ(b *testing.B) {
 		id := m.ID.String()
 		return amqp.Publishing{
 			Headers: amqp.Table{
-				"cloudEvents:specversion": "1.0", "cloudEvents:id": id, "cloudEvents:type": m.Type,
-				"cloudEvents:source": "/txoutbox", "cloudEvents:time": m.CreatedAt.Format(time.RFC3339Nano),
+				"cloudEvents_specversion": "1.0", "cloudEvents_id": id, "cloudEvents_type": m.Type,
+				"cloudEvents_source": "/txoutbox", "cloudEvents_time": m.CreatedAt.Format(time.RFC3339Nano),
 			},
 			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Type: m.Type,
 			Timestamp: m.CreatedAt, Body: m.Body,

@@ -69,7 +69,7 @@ func TestConformance(t *testing.T) {
 }
 
 // receiveForeign takes the next message off queue with amqp091-go alone, and acks it: the
-// AMQP binding's "cloudEvents:" headers become "ce-" ones, the content-type property
+// AMQP binding's "cloudEvents_" headers become "ce-" ones, the content-type property
 // "content-type", as a CloudEvents reader maps them.
 func receiveForeign(ctx context.Context, ch *amqp.Channel, queue string) (outboxtest.ForeignMessage, error) {
 	for {

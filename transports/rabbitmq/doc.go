@@ -11,12 +11,14 @@
 //
 // Messages travel as CloudEvents 1.0 in the binary mode of the CloudEvents AMQP binding:
 // the attributes are application properties (AMQP 0-9-1 headers) named with the
-// "cloudEvents:" prefix (cloudEvents:id, cloudEvents:type, cloudEvents:source,
-// cloudEvents:time, cloudEvents:specversion, cloudEvents:partitionkey…), datacontenttype is
-// the content-type property, and the body is the payload. Attribute values are strings (the
-// binding's canonical form: 0-9-1 timestamps keep whole seconds only, so cloudEvents:time is
-// an RFC 3339 string); receivers also accept native AMQP values and the JMS-style
-// "cloudEvents_" prefix from other producers.
+// "cloudEvents_" prefix (cloudEvents_id, cloudEvents_type, cloudEvents_source,
+// cloudEvents_time, cloudEvents_specversion, cloudEvents_partitionkey…), datacontenttype is
+// the content-type property, and the body is the payload. The binding allows "cloudEvents:"
+// too, but says "cloudEvents_" SHOULD be preferred: JMS selectors and other tools cannot
+// name a ':'. Attribute values are strings (the binding's canonical form: 0-9-1 timestamps
+// keep whole seconds only, so cloudEvents_time is an RFC 3339 string); receivers also accept
+// native AMQP values and the "cloudEvents:" prefix (earlier versions of this transport, and
+// other producers, write it), the underscore spelling winning where a message has both.
 //
 // A [Receiver] consumes a quorum queue with manual acknowledgements and a prefetch window.
 // Attempt is the queue's delivery count (x-delivery-count) plus the attempts the message

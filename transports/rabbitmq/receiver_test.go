@@ -86,8 +86,9 @@ func TestMalformedKeepsEvidence(t *testing.T) {
 	}
 }
 
-// TestForeignProducer: a CloudEvent from another producer, with the JMS-style
-// "cloudEvents_" prefix and a native AMQP timestamp, is read.
+// TestForeignProducer: a CloudEvent from another producer, with the binding's other
+// spelling, the "cloudEvents:" prefix (earlier versions of this transport wrote it), and a
+// native AMQP timestamp, is read.
 func TestForeignProducer(t *testing.T) {
 	t.Parallel()
 	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{}, outboxrabbitmq.ReceiverConfig{})
@@ -95,8 +96,8 @@ func TestForeignProducer(t *testing.T) {
 	at := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	err := d.admin.PublishWithContext(context.Background(), d.top.Exchange, "a.b", true, false, amqp.Publishing{
 		ContentType: "application/json", Body: m.Body,
-		Headers: amqp.Table{"cloudEvents_specversion": "1.0", "cloudEvents_id": m.ID.String(), "cloudEvents_type": "a.b",
-			"cloudEvents_source": "/java", "cloudEvents_time": at},
+		Headers: amqp.Table{"cloudEvents:specversion": "1.0", "cloudEvents:id": m.ID.String(), "cloudEvents:type": "a.b",
+			"cloudEvents:source": "/java", "cloudEvents:time": at},
 	})
 	if err != nil {
 		t.Fatal(err)

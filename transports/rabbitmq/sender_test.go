@@ -48,7 +48,7 @@ func brokerAddr(t testing.TB) string {
 
 // TestWireFormat: a sent message is persistent, routed by its type, carries the event ID
 // as message-id (the replay-marked DedupID for a replay), datacontenttype as content-type
-// and the other CloudEvents attributes as cloudEvents:-prefixed string headers.
+// and the other CloudEvents attributes as cloudEvents_-prefixed string headers.
 func TestWireFormat(t *testing.T) {
 	t.Parallel()
 	d := newDestination(t, outboxrabbitmq.Topology{}, outboxrabbitmq.SenderConfig{Source: "/orders-service"}, outboxrabbitmq.ReceiverConfig{})
@@ -72,14 +72,14 @@ func TestWireFormat(t *testing.T) {
 	})
 	g := got[0]
 	want := map[string]string{
-		"cloudEvents:specversion":  "1.0",
-		"cloudEvents:id":           m.ID.String(),
-		"cloudEvents:type":         "orders.created",
-		"cloudEvents:source":       "/orders-service",
-		"cloudEvents:time":         m.CreatedAt.Format(time.RFC3339Nano),
-		"cloudEvents:partitionkey": "customer-7",
-		"cloudEvents:traceparent":  m.Headers["traceparent"],
-		"cloudEvents:txheaders":    `{"X-Tenant":"acme"}`,
+		"cloudEvents_specversion":  "1.0",
+		"cloudEvents_id":           m.ID.String(),
+		"cloudEvents_type":         "orders.created",
+		"cloudEvents_source":       "/orders-service",
+		"cloudEvents_time":         m.CreatedAt.Format(time.RFC3339Nano),
+		"cloudEvents_partitionkey": "customer-7",
+		"cloudEvents_traceparent":  m.Headers["traceparent"],
+		"cloudEvents_txheaders":    `{"X-Tenant":"acme"}`,
 	}
 	for k, v := range want {
 		if g.Headers[k] != v {

@@ -15,21 +15,22 @@ import (
 )
 
 // PropertyPrefix prefixes the CloudEvents attributes among a message's application
-// properties (AMQP 0-9-1 headers), as the CloudEvents AMQP binding names them:
-// "cloudEvents:id", "cloudEvents:type"… datacontenttype travels as the content-type
-// property instead.
-const PropertyPrefix = "cloudEvents:"
+// properties (AMQP 0-9-1 headers): "cloudEvents_id", "cloudEvents_type"… The CloudEvents AMQP
+// binding allows "cloudEvents:" and "cloudEvents_" and says the latter SHOULD be preferred,
+// since JMS message selectors (and other tools that take header names as identifiers)
+// cannot name a ':'; datacontenttype travels as the content-type property instead.
+const PropertyPrefix = "cloudEvents_"
 
-// jmsPropertyPrefix is the JMS-compatible spelling some CloudEvents SDKs write
-// ("cloudEvents_id"); receivers read it too.
-const jmsPropertyPrefix = "cloudEvents_"
+// colonPropertyPrefix is the binding's other spelling ("cloudEvents:id"), which earlier
+// versions of this transport and other producers write; receivers read it too.
+const colonPropertyPrefix = "cloudEvents:"
 
 // AttemptsHeader counts the deliveries a message had before a [Receiver] sent it through a
 // retry queue; the Receiver adds the queue's own delivery count to it for Attempt.
 const AttemptsHeader = "txoutbox-attempts"
 
 // encode turns m into a persistent AMQP publishing in CloudEvents binary mode: the
-// attributes as cloudEvents:-prefixed headers, datacontenttype as content-type, the event
+// attributes as cloudEvents_-prefixed headers, datacontenttype as content-type, the event
 // ID (Message.DedupID) as message-id, the event type as the type property.
 func encode(m outbox.Message, source string) (amqp.Publishing, error) {
 	p := amqp.Publishing{
@@ -37,7 +38,7 @@ func encode(m outbox.Message, source string) (amqp.Publishing, error) {
 		DeliveryMode: amqp.Persistent,
 		MessageId:    m.DedupID(),
 		Type:         m.Type,
-		Timestamp:    m.CreatedAt, // whole seconds on the wire; cloudEvents:time is exact
+		Timestamp:    m.CreatedAt, // whole seconds on the wire; cloudEvents_time is exact
 		Body:         m.Body,
 	}
 	err := cloudevents.EachBinary(m, source, func(k, v string) {
@@ -66,8 +67,8 @@ func headerBytes(p *amqp.Publishing) int {
 	return n
 }
 
-// decode rebuilds the event of a delivery: attributes as "cloudEvents:" (or
-// "cloudEvents_") headers as the AMQP binding says, or in another binding's style ("ce-",
+// decode rebuilds the event of a delivery: attributes as "cloudEvents_" (or
+// "cloudEvents:") headers as the AMQP binding says, or in another binding's style ("ce-",
 // "ce_", bare traceparent…) as a bridge forwards them, datacontenttype as the content-type
 // property; or the whole event in structured mode. A message that is not a valid event
 // gives an *outbox.MalformedError keeping the body and headers as received (content-type
@@ -77,17 +78,17 @@ func decode(d *amqp.Delivery, where string) (outbox.Message, error) {
 	h := make(map[string]string, len(d.Headers)+1)
 	var binding []string
 	for k, v := range d.Headers {
-		if strings.HasPrefix(k, PropertyPrefix) || strings.HasPrefix(k, jmsPropertyPrefix) {
+		if strings.HasPrefix(k, PropertyPrefix) || strings.HasPrefix(k, colonPropertyPrefix) {
 			binding = append(binding, k)
 			continue
 		}
 		h[k] = attributeString(v)
 	}
-	// The binding's own names win over any other style, and "cloudEvents:" over the JMS
-	// spelling: ':' sorts before '_', so in reverse order the JMS names come first.
+	// The binding's own names win over any other style, and "cloudEvents_" over the colon
+	// spelling: ':' sorts before '_', so in order the underscore names come last and stay.
 	slices.Sort(binding)
-	for _, k := range slices.Backward(binding) {
-		name := strings.TrimPrefix(strings.TrimPrefix(k, PropertyPrefix), jmsPropertyPrefix)
+	for _, k := range binding {
+		name := strings.TrimPrefix(strings.TrimPrefix(k, PropertyPrefix), colonPropertyPrefix)
 		h[cloudevents.HeaderPrefix+name] = attributeString(d.Headers[k])
 	}
 	if d.ContentType != "" {

@@ -1,7 +1,8 @@
 // Interop check for the RabbitMQ transport: the official CloudEvents JavaScript SDK
 // (npm "cloudevents") on one side, amqplib (an AMQP 0-9-1 client) on the wire, mapped as
 // the CloudEvents AMQP binding says: attributes are application properties (0-9-1 headers)
-// prefixed "cloudEvents:", datacontenttype is the content-type property, data is the body.
+// prefixed "cloudEvents_" (the spelling the binding says SHOULD be preferred), datacontenttype
+// is the content-type property, data is the body.
 //
 //   node cloudevents-amqp.cjs read AMQP_URL QUEUE
 //     takes one message from QUEUE, builds a CloudEvent from it with the SDK in strict
@@ -13,7 +14,7 @@
 const amqp = require("amqplib");
 const { CloudEvent } = require("cloudevents");
 
-const prefix = "cloudEvents:";
+const prefix = "cloudEvents_";
 
 async function read(url, queue) {
   const conn = await amqp.connect(url);
