@@ -34,6 +34,17 @@
 // [Sender.Ping] (an [outbox.Pinger]) asks a broker for the cluster's brokers, producing
 // nothing: a relay with nothing left to send learns so that the cluster is back.
 //
+// # Compression
+//
+// The Sender produces through the client you configured, so the client's compression
+// applies. franz-go compresses batches with Snappy unless told otherwise, which Java,
+// librdkafka and franz-go consumers read as they are, but kafkajs (Node.js) cannot read
+// without a Snappy codec plugin (it decodes only gzip on its own). When consumers in other
+// languages read the topics, pick the codec they all read when you create the client:
+//
+//	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+//		kgo.ProducerBatchCompression(kgo.GzipCompression())) // or kgo.NoCompression()
+//
 // # Wire format
 //
 // Records are CloudEvents 1.0 in the binary mode of the Kafka protocol binding: the value is
