@@ -159,7 +159,8 @@ func (a *app) exit(err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
-	fmt.Fprintf(a.stderr, "outbox: %s\n", cleanBlock(err.Error()))
+	// The library's own errors start with "outbox: " too: say it once.
+	fmt.Fprintf(a.stderr, "outbox: %s\n", cleanBlock(strings.TrimPrefix(err.Error(), "outbox: ")))
 	var usage usageError
 	switch {
 	case errors.As(err, &usage):

@@ -16,6 +16,9 @@ func TestMigrate(t *testing.T) {
 		if !strings.Contains(r.stderr, "migration 1 (outbox) is not applied") || !strings.Contains(r.stderr, "run outbox migrate") {
 			t.Errorf("--check on an empty database says:\n%s", r.stderr)
 		}
+		if strings.Contains(r.stderr, "outbox: outbox:") {
+			t.Errorf("the library's error prefix is printed twice:\n%s", r.stderr)
+		}
 		r = ok(t, tb, "migrate", "--dry-run")
 		if !strings.Contains(r.stdout, "CREATE TABLE") || !strings.Contains(r.stdout, "-- migration 1: outbox") {
 			t.Fatalf("--dry-run printed:\n%s", r.stdout)
