@@ -39,7 +39,7 @@ type OutageFixture struct {
 	// Outbox.Pipeline does it): the suite then runs a relay through an outage ten times
 	// longer than their retry horizon.
 	Pipeline func(t *testing.T) *PipelineFixture
-	// SendTimeout bounds each Send, as RelayConfig.SendTimeout does for the relay: while the
+	// SendTimeout bounds each Send, as relay.Config.SendTimeout does for the relay: while the
 	// broker is down a Send must fail within it. Default 10s.
 	SendTimeout time.Duration
 	// Timeout bounds each wait for the broker to take messages again and for messages to
