@@ -2,6 +2,8 @@ package outboxmemory_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,4 +48,17 @@ func outage(cfg *outboxmemory.Config) *outboxtest.OutageFixture {
 		Stop:  func(testing.TB) { down.Store(true) },
 		Start: func(testing.TB) { down.Store(false) },
 	}
+}
+
+// TestConfig: nil means the documented defaults, and New refuses a negative field.
+func TestConfig(t *testing.T) {
+	if d := (*outboxmemory.Config)(nil).WithDefaults(); d.VisibilityTimeout != 30*time.Second {
+		t.Errorf("default VisibilityTimeout %v, want 30s", d.VisibilityTimeout)
+	}
+	defer func() {
+		if r := fmt.Sprint(recover()); !strings.Contains(r, "DedupWindow -1s is negative") {
+			t.Errorf("New with a negative DedupWindow: recovered %q, want a panic naming it", r)
+		}
+	}()
+	outboxmemory.New(&outboxmemory.Config{DedupWindow: -time.Second})
 }

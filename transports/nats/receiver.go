@@ -31,11 +31,31 @@ type ReceiverConfig struct {
 	AsyncAck bool
 }
 
+// WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
+func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
+	out := ReceiverConfig{}
+	if c != nil {
+		out = *c
+	}
+	if out.MaxWait == 0 {
+		out.MaxWait = 5 * time.Second
+	}
+	return &out
+}
+
+// validate checks a config with defaults applied and returns every problem at once.
+func (c *ReceiverConfig) validate() error {
+	if c.MaxWait < 10*time.Millisecond {
+		return fmt.Errorf("outboxnats: invalid ReceiverConfig: MaxWait %v is under 10ms", c.MaxWait)
+	}
+	return nil
+}
+
 // Receiver reads messages from a JetStream pull consumer; it implements outbox.Receiver
 // and is safe for concurrent use.
 type Receiver struct {
 	c        jetstream.Consumer
-	cfg      ReceiverConfig
+	cfg      *ReceiverConfig
 	maxBatch int  // the consumer's MaxRequestBatch or MaxAckPending, 0 if unlimited
 	serial   bool // the consumer hands out one message at a time (MaxAckPending 1)
 }
@@ -52,18 +72,10 @@ func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
 	if c == nil {
 		return nil, errors.New("outboxnats: NewReceiver needs a jetstream.Consumer")
 	}
-	r := &Receiver{c: c}
-	if cfg != nil {
-		r.cfg = *cfg
-	}
-	if r.cfg.MaxWait == 0 {
-		r.cfg.MaxWait = 5 * time.Second
-	}
-	var errs []error
-	if r.cfg.MaxWait < 10*time.Millisecond {
-		errs = append(errs, fmt.Errorf("MaxWait %v is under 10ms", r.cfg.MaxWait))
-	}
+	r := &Receiver{c: c, cfg: cfg.WithDefaults()}
+	err := r.cfg.validate()
 	if info := c.CachedInfo(); info != nil {
+		var errs []error
 		cc := info.Config
 		if cc.AckPolicy != jetstream.AckExplicitPolicy {
 			errs = append(errs, fmt.Errorf("consumer %s on stream %s has AckPolicy %s; Ack and Nack need %s",
@@ -75,14 +87,17 @@ func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
 		if cc.MaxRequestExpires > 0 && r.cfg.MaxWait > cc.MaxRequestExpires {
 			errs = append(errs, fmt.Errorf("MaxWait %v is over consumer %s's MaxRequestExpires of %v", r.cfg.MaxWait, info.Name, cc.MaxRequestExpires))
 		}
+		if len(errs) > 0 {
+			err = errors.Join(err, fmt.Errorf("outboxnats: NewReceiver: %w", errors.Join(errs...)))
+		}
 		r.maxBatch = cc.MaxRequestBatch
 		if cc.MaxAckPending > 0 && (r.maxBatch == 0 || cc.MaxAckPending < r.maxBatch) {
 			r.maxBatch = cc.MaxAckPending
 		}
 		r.serial = cc.MaxAckPending == 1
 	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("outboxnats: invalid Receiver: %w", errors.Join(errs...))
+	if err != nil {
+		return nil, err
 	}
 	return r, nil
 }

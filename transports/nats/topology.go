@@ -152,7 +152,7 @@ func Features(s *Sender, stream jetstream.StreamConfig, consumer jetstream.Consu
 //
 // Event types come from the payload types a consumer handles: outbox.EventTypeOf[T]().
 func SubjectsFor(cfg *SenderConfig, eventTypes ...string) ([]string, error) {
-	c := cfg.withDefaults()
+	c := cfg.WithDefaults()
 	if c.Subject != nil {
 		return nil, errors.New("outboxnats: SubjectsFor: the SenderConfig routes by a Subject function, whose subjects cannot be known from event types")
 	}

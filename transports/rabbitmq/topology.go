@@ -72,7 +72,8 @@ func (t Topology) withDefaults() Topology {
 	return t
 }
 
-func (t Topology) validate() []error {
+// validate checks a Topology with defaults applied and returns every problem at once.
+func (t Topology) validate() error {
 	var errs []error
 	if err := checkName(t.Exchange); err != nil {
 		errs = append(errs, fmt.Errorf("Exchange %q: %w", t.Exchange, err))
@@ -85,7 +86,10 @@ func (t Topology) validate() []error {
 	default:
 		errs = append(errs, fmt.Errorf("ExchangeKind %q is not topic, direct, fanout or headers", t.ExchangeKind))
 	}
-	return append(errs, checkRetryDelays(t.Queue, t.RetryDelays)...)
+	if errs = append(errs, checkRetryDelays(t.Queue, t.RetryDelays)...); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return nil
 }
 
 func checkRetryDelays(queue string, delays []time.Duration) []error {
@@ -123,11 +127,12 @@ func RetryQueueName(queue string, delay time.Duration) string {
 // It is meant for tests, examples and small deployments.
 func Declare(ch *amqp.Channel, t Topology) error {
 	t = t.withDefaults()
-	if errs := t.validate(); ch == nil || len(errs) > 0 {
-		if ch == nil {
-			errs = append(errs, errors.New("no channel"))
-		}
-		return fmt.Errorf("outboxrabbitmq: Declare: %w", errors.Join(errs...))
+	err := t.validate()
+	if ch == nil {
+		err = errors.Join(err, errors.New("no channel"))
+	}
+	if err != nil {
+		return fmt.Errorf("outboxrabbitmq: Declare: %w", err)
 	}
 	if err := ch.ExchangeDeclare(t.Exchange, t.ExchangeKind, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("outboxrabbitmq: declaring exchange %q: %w", t.Exchange, err)
