@@ -27,7 +27,7 @@ type OutageFixture struct {
 	Receiver outbox.Receiver
 	// Features are the Sender's: MaxMessageBytes (0: none) for a per-message fault, FIFO to
 	// check per-key order through the outage.
-	Features outbox.TransportFeatures
+	Features Features
 	// Stop makes the broker unavailable and returns once it is (a process killed, a
 	// cluster closed, a hook that refuses every send).
 	Stop func(t testing.TB)

@@ -100,11 +100,6 @@ func New(cfg *Config) *Queue {
 	return &Queue{cfg: c, seen: map[string]time.Time{}, inFlight: map[string]bool{}, notify: make(chan struct{})}
 }
 
-// Features reports what the queue does, for the transport conformance suite.
-func (q *Queue) Features() outbox.TransportFeatures {
-	return outbox.TransportFeatures{FIFO: q.cfg.FIFO, Dedup: q.cfg.DedupWindow > 0, Batch: true, Delay: true, MaxMessageBytes: q.cfg.MaxMessageBytes}
-}
-
 // Send accepts msgs. Messages over MaxMessageBytes, or failed by SendHook, are reported in
 // an *outbox.BatchError; the others are accepted.
 func (q *Queue) Send(ctx context.Context, msgs []outbox.Message) error {

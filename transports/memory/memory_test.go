@@ -21,11 +21,18 @@ func TestConformance(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			outboxtest.ExerciseTransport(t, func(t *testing.T) *outboxtest.TransportFixture {
 				q := outboxmemory.New(cfg)
-				return &outboxtest.TransportFixture{Sender: q, Receiver: q, Features: q.Features(),
+				return &outboxtest.TransportFixture{Sender: q, Receiver: q, Features: features(cfg),
 					Outage: func(t *testing.T) *outboxtest.OutageFixture { return outage(cfg) }}
 			})
 		})
 	}
+}
+
+// features are what a queue configured by cfg promises: FIFO and dedup as configured,
+// batches and delays always.
+func features(cfg *outboxmemory.Config) outboxtest.Features {
+	c := cfg.WithDefaults()
+	return outboxtest.Features{FIFO: c.FIFO, Dedup: c.DedupWindow > 0, Batch: true, Delay: true, MaxMessageBytes: c.MaxMessageBytes}
 }
 
 // outage is a queue whose SendHook refuses every message while the "broker" is down, as a
@@ -44,7 +51,7 @@ func outage(cfg *outboxmemory.Config) *outboxtest.OutageFixture {
 	}
 	q := outboxmemory.New(&c)
 	return &outboxtest.OutageFixture{
-		Sender: q, Receiver: q, Features: q.Features(),
+		Sender: q, Receiver: q, Features: features(cfg),
 		Stop:  func(testing.TB) { down.Store(true) },
 		Start: func(testing.TB) { down.Store(false) },
 	}

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/txoutbox/outbox"
 )
 
 // DefaultRetryDelays are the retry queues' delays when [Topology] and [ReceiverConfig] name
@@ -175,24 +173,6 @@ func (t Topology) QueueNames() []string {
 		names = append(names, RetryQueueName(t.Queue, d))
 	}
 	return names
-}
-
-// Features reports what a [Sender] and a [Receiver] on a queue declared as t promise
-// together:
-//
-//   - FIFO when t is Ordered: single active consumer, one message in flight, and Nack
-//     holding a message in place; a [Receiver] must set ReceiverConfig.Ordered too.
-//   - Dedup never: RabbitMQ does not deduplicate by message-id. A relay's re-send is a
-//     second copy, which the consumer's inbox absorbs.
-//   - Batch and Delay always (confirms are awaited per batch; retry queues delay).
-//   - MaxMessageBytes: the sender's MaxMessageBytes.
-func Features(s *Sender, t Topology) outbox.TransportFeatures {
-	return outbox.TransportFeatures{
-		FIFO:            t.Ordered,
-		Batch:           true,
-		Delay:           true,
-		MaxMessageBytes: s.MaxMessageBytes(),
-	}
 }
 
 // retryTier returns the delay of the retry queue for a requested delay: the smallest
