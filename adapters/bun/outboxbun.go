@@ -83,19 +83,19 @@ func mustNew(t outbox.Tables) *Outbox {
 	return o
 }
 
-// Publish writes events inside db, which must be a bun.Tx (the tx of db.RunInTx, or of
+// Publish writes events inside tx, which must be a bun.Tx (the tx of db.RunInTx, or of
 // BeginTx; a nested transaction's savepoint works too). The events become visible to the
 // relay when the transaction commits and vanish if it rolls back. An event that cannot be
 // encoded, or that breaks the rules of [outbox.Message] (outbox.ErrInvalidEvent), fails the
-// call before anything is written. A nil or zero db fails with
+// call before anything is written. A nil or zero tx fails with
 // [outbox.ErrNotInTransaction], and so does a *bun.DB or bun.Conn unless the outbox was
 // built with [AllowNoTx]. Up to 1000 events cost one statement.
-func (o *Outbox) Publish(ctx context.Context, db bun.IDB, events ...outbox.Encodable) error {
-	q, err := o.executor(db)
+func (o *Outbox) Publish(ctx context.Context, tx bun.IDB, events ...outbox.Encodable) error {
+	q, err := o.executor(tx)
 	if err != nil {
 		return err
 	}
-	d, n, err := o.dialect(db)
+	d, n, err := o.dialect(tx)
 	if err != nil {
 		return err
 	}
