@@ -5,8 +5,9 @@ import (
 	"time"
 )
 
-// Sender delivers messages to a broker; the [Relay] calls it. Transports implement it
-// (outboxmemory, outboxsqs, outboxazqueue, outboxnats).
+// Sender delivers messages to a broker; the relay (package relay) calls it. Transports
+// implement it (outboxmemory, outboxsqs, outboxazqueue, outboxnats, outboxkafka,
+// outboxrabbitmq).
 //
 // The relay never puts two messages with the same key in one call, and calls again for a key
 // only after the previous call returned, so a Sender may send a batch's messages in any order
@@ -22,8 +23,9 @@ type Sender interface {
 // Pinger is an optional interface of a [Sender]: Ping checks that the broker answers,
 // sending nothing (a round trip on the connection, or a look at the destination). A relay
 // that paused for an unavailable broker probes it by sending one message; when it has none
-// to send, it pings instead, so that its state ([Relay.State]) does not stay "unavailable"
-// after the broker came back just because another relay drained the outbox meanwhile.
+// to send, it pings instead, so that its state (relay.Relay.State) does not stay
+// "unavailable" after the broker came back just because another relay drained the outbox
+// meanwhile.
 // Ping returns nil when the broker answers and an error (marked [Unavailable] where that
 // applies) otherwise. Without it, the relay learns the broker is back at its next send.
 type Pinger interface {
@@ -66,19 +68,4 @@ type Delivery interface {
 	Ack(ctx context.Context) error
 	// Nack makes the message visible again after delay, for another attempt.
 	Nack(ctx context.Context, delay time.Duration) error
-}
-
-// TransportFeatures describe what a transport's broker can do; conformance suites use them
-// to test each transport for what it promises.
-type TransportFeatures struct {
-	// FIFO: messages with the same key are received in the order they were sent.
-	FIFO bool
-	// Dedup: the broker drops a re-sent message with an ID it has seen recently.
-	Dedup bool
-	// Batch: the broker accepts several messages per call.
-	Batch bool
-	// Delay: Nack's delay is honoured by the broker.
-	Delay bool
-	// MaxMessageBytes is the largest encoded message the broker accepts (0: no limit known).
-	MaxMessageBytes int
 }

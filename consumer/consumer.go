@@ -71,6 +71,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,43 +167,43 @@ type Config struct {
 	HoldKeys bool
 }
 
-func (c *Config) withDefaults() Config {
+// WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
+func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {
 		out = *c
+		out.Middleware = slices.Clone(c.Middleware)
 	}
-	def := func(f *int, v int) {
-		if *f == 0 {
-			*f = v
-		}
-	}
-	defd := func(f *time.Duration, v time.Duration) {
-		if *f == 0 {
-			*f = v
-		}
-	}
-	def(&out.Concurrency, 10)
-	def(&out.BatchSize, 10)
-	def(&out.MaxAttempts, 10)
-	defd(&out.RetryBackoff, time.Second)
-	defd(&out.MaxRetryBackoff, 5*time.Minute)
-	defd(&out.ShutdownTimeout, 30*time.Second)
-	defd(&out.AckTimeout, 5*time.Second)
-	defd(&out.UnavailableBackoff, 100*time.Millisecond)
-	defd(&out.MaxUnavailableBackoff, 10*time.Second)
+	setDefault(&out.Concurrency, 10)
+	setDefault(&out.BatchSize, 10)
+	setDefault(&out.MaxAttempts, 10)
+	setDefault(&out.RetryBackoff, time.Second)
+	setDefault(&out.MaxRetryBackoff, 5*time.Minute)
+	setDefault(&out.ShutdownTimeout, 30*time.Second)
+	setDefault(&out.AckTimeout, 5*time.Second)
+	setDefault(&out.UnavailableBackoff, 100*time.Millisecond)
+	setDefault(&out.MaxUnavailableBackoff, 10*time.Second)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
-	return out
+	return &out
 }
 
+func setDefault[T comparable](field *T, def T) {
+	var zero T
+	if *field == zero {
+		*field = def
+	}
+}
+
+// validate checks a config with defaults applied and returns every problem at once.
 func (c *Config) validate() error {
 	var errs []error
 	if c.Name == "" {
 		errs = append(errs, errors.New("Name is required"))
 	}
 	if c.DeadLetters == nil {
-		errs = append(errs, errors.New("DeadLetters is required (outboxpgx.NewDeadLetters(pool)…)"))
+		errs = append(errs, errors.New("DeadLetters is required (outboxpgx.Default.NewDeadLetters(pool)…)"))
 	}
 	if c.Concurrency < 1 || c.BatchSize < 1 || c.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("Concurrency (%d), BatchSize (%d) and MaxAttempts (%d) must be positive", c.Concurrency, c.BatchSize, c.MaxAttempts))
@@ -233,7 +234,7 @@ func (c *Config) validate() error {
 // Consumer receives messages and runs the handler registered for each event type.
 type Consumer struct {
 	recv      outbox.Receiver
-	cfg       Config
+	cfg       *Config
 	handlers  map[string]MessageHandler
 	obs       consumerTelemetry
 	avail     availability
@@ -243,7 +244,7 @@ type Consumer struct {
 
 // New returns a consumer reading from r. Register handlers with [Handle] before Run.
 func New(r outbox.Receiver, cfg *Config) (*Consumer, error) {
-	c := cfg.withDefaults()
+	c := cfg.WithDefaults()
 	err := c.validate()
 	if r == nil {
 		err = errors.Join(err, errors.New("consumer: New needs a Receiver"))
@@ -256,7 +257,7 @@ func New(r outbox.Receiver, cfg *Config) (*Consumer, error) {
 		cfg:      c,
 		handlers: map[string]MessageHandler{},
 	}
-	cons.obs.init(&cons.cfg, r)
+	cons.obs.init(cons.cfg, r)
 	cons.avail.init(cons)
 	return cons, nil
 }

@@ -316,6 +316,26 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
+// TestConfigWithDefaults: nil and the zero Config get the documented defaults, set fields
+// are kept, and the copy shares no slice with the original.
+func TestConfigWithDefaults(t *testing.T) {
+	for _, c := range []*consumer.Config{nil, {}} {
+		d := c.WithDefaults()
+		if d.Concurrency != 10 || d.BatchSize != 10 || d.MaxAttempts != 10 || d.RetryBackoff != time.Second ||
+			d.MaxRetryBackoff != 5*time.Minute || d.ShutdownTimeout != 30*time.Second || d.AckTimeout != 5*time.Second ||
+			d.UnavailableBackoff != 100*time.Millisecond || d.MaxUnavailableBackoff != 10*time.Second || d.Logger == nil {
+			t.Errorf("WithDefaults of %+v = %+v, not the documented defaults", c, d)
+		}
+	}
+	mw := func(h consumer.MessageHandler) consumer.MessageHandler { return h }
+	c := &consumer.Config{Concurrency: 3, Middleware: []consumer.Middleware{mw}}
+	d := c.WithDefaults()
+	d.Middleware[0] = nil
+	if d.Concurrency != 3 || c.Middleware[0] == nil {
+		t.Errorf("WithDefaults changed a set field or shares Middleware with the original")
+	}
+}
+
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 // hangingAck is a receiver whose first delivery's Ack never answers, like a broker whose

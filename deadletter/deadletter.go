@@ -4,8 +4,8 @@
 // through the outbox, in one transaction with the status change — or discard it (the row is
 // kept for audit).
 //
-// Each SQL adapter opens the table of its outbox: outboxpgx.NewDeadLetters(pool),
-// outboxsql.NewDeadLetters…; they all return a [Table].
+// Each SQL adapter opens the table of its outbox: outboxpgx.Default.NewDeadLetters(pool),
+// outboxsql.Postgres.NewDeadLetters(db)…; they all return a [Table].
 //
 // A dead letter is stored whatever its content. Text the database would refuse is made
 // storable — invalid UTF-8 becomes U+FFFD, NUL bytes are dropped, values longer than their
@@ -13,7 +13,7 @@
 // raw column ([Entry.Raw]), so nothing is lost. A message the consumer could not read at
 // all (an [outbox.MalformedError]) keeps its body and attributes as received there too.
 //
-// A keyed event that the relay dead-letters holds its key by default (RelayConfig.KeyPolicy
+// A keyed event that the relay dead-letters holds its key by default (relay.Config.KeyPolicy
 // HoldKey): the key's later events wait until the entry is replayed — the event goes first,
 // then the others follow — or discarded — the key moves on ([Entry.HeldSeq]). Held keys
 // show in Stats.HeldKeys, `outbox status`, the console and the txoutbox.outbox.held_keys

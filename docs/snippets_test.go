@@ -34,6 +34,8 @@ var imports = map[string]string{
 	"consumer":      "github.com/txoutbox/outbox/consumer",
 	"deadletter":    "github.com/txoutbox/outbox/deadletter",
 	"idempotency":   "github.com/txoutbox/outbox/idempotency",
+	"outboxdriver":  "github.com/txoutbox/outbox/outboxdriver",
+	"relay":         "github.com/txoutbox/outbox/relay",
 	"outboxmemory":  "github.com/txoutbox/outbox/transports/memory",
 	"outboxpgx":     "github.com/txoutbox/outbox/adapters/pgx",
 	"outboxgorm":    "github.com/txoutbox/outbox/adapters/gorm",

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -10,7 +11,7 @@ import (
 	"github.com/txoutbox/outbox/consumer"
 )
 
-// GroupConfig configures a [Group]; nil means the defaults.
+// GroupConfig configures a [Group]. The zero value (or nil) means the defaults below.
 type GroupConfig struct {
 	// MaxEvents caps how many events share one transaction. Default 64. A batch can only
 	// hold events handled at the same time, so the consumer's Concurrency caps it too.
@@ -26,6 +27,36 @@ type GroupConfig struct {
 	// more events/s, a third less CPU per event). An idle group starts a batch at once.
 	// SQLite has one writer: there, batches queue for it whatever this is.
 	MaxTransactions int
+}
+
+// WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
+func (c *GroupConfig) WithDefaults() *GroupConfig {
+	out := GroupConfig{}
+	if c != nil {
+		out = *c
+	}
+	if out.MaxEvents == 0 {
+		out.MaxEvents = 64
+	}
+	if out.MaxTransactions == 0 {
+		out.MaxTransactions = 2
+	}
+	return &out
+}
+
+// validate checks a config with defaults applied and returns every problem at once.
+func (c *GroupConfig) validate() error {
+	var errs []error
+	if c.MaxEvents < 1 {
+		errs = append(errs, fmt.Errorf("MaxEvents %d is below 1", c.MaxEvents))
+	}
+	if c.MaxTransactions < 1 {
+		errs = append(errs, fmt.Errorf("MaxTransactions %d is below 1", c.MaxTransactions))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idempotency: invalid GroupConfig: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // Group is [Once] with group commit: events handled at the same time share a transaction.
@@ -89,15 +120,14 @@ type Group[TTx any, T outbox.Payload] struct {
 
 // NewGroup returns the group-commit handler of h over in; pass its Handle to
 // consumer.Handle. Each Group batches its own calls: use one per consumer and event type.
+// cfg nil means the defaults; an invalid cfg (a negative field) panics, as a duplicate
+// handler does: it is a mistake in the code that registers the handler.
 func NewGroup[TTx any, T outbox.Payload](in Inbox[TTx], h TxHandler[TTx, T], cfg *GroupConfig) *Group[TTx, T] {
-	g := &Group[TTx, T]{in: in, h: h, single: Once(in, h), max: 64, maxTx: 2}
-	if cfg != nil && cfg.MaxEvents > 0 {
-		g.max = cfg.MaxEvents
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		panic(err)
 	}
-	if cfg != nil && cfg.MaxTransactions > 0 {
-		g.maxTx = cfg.MaxTransactions
-	}
-	return g
+	return &Group[TTx, T]{in: in, h: h, single: Once(in, h), max: c.MaxEvents, maxTx: c.MaxTransactions}
 }
 
 // Waiting returns how many calls wait for a batch (not yet taken into one): a gauge of how

@@ -3,7 +3,9 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -182,4 +184,20 @@ func TestGroupUnavailableFailsEveryEventWithoutRetryingAlone(t *testing.T) {
 	if got := in.txs.Load(); got != 2 {
 		t.Errorf("%d transactions, want 2: the first event's and the batch's, none again per event", got)
 	}
+}
+
+// TestGroupConfig: nil means the documented defaults, and a negative field panics when the
+// group is built, naming every problem.
+func TestGroupConfig(t *testing.T) {
+	if d := (*idempotency.GroupConfig)(nil).WithDefaults(); d.MaxEvents != 64 || d.MaxTransactions != 2 {
+		t.Errorf("defaults %+v, want MaxEvents 64, MaxTransactions 2", d)
+	}
+	defer func() {
+		r := fmt.Sprint(recover())
+		if !strings.Contains(r, "MaxEvents -1") || !strings.Contains(r, "MaxTransactions -2") {
+			t.Errorf("NewGroup with a negative config: recovered %q, want a panic naming both fields", r)
+		}
+	}()
+	idempotency.NewGroup(&memInbox{}, func(context.Context, struct{}, outbox.Event[step]) error { return nil },
+		&idempotency.GroupConfig{MaxEvents: -1, MaxTransactions: -2})
 }

@@ -15,7 +15,8 @@ import (
 	"strings"
 )
 
-// HTTPConfig configures [HTTPHandler]; nil means the defaults.
+// HTTPConfig configures [HTTPHandler]. Scope is required; other zero fields take the
+// defaults below.
 type HTTPConfig struct {
 	// Scope returns the key space of r: the authenticated client, such as its account ID.
 	// Required: two clients choosing the same key (a counter, a date, a guessable value)
@@ -68,31 +69,60 @@ type HTTPTxHandler[TTx any] func(w http.ResponseWriter, r *http.Request, tx TTx)
 // the headers that carry credentials, and the hop-by-hop ones; the first response keeps
 // them all.
 //
-// HTTPHandler panics when cfg or cfg.Scope is nil: which client a key belongs to is the
-// application's to say (see [HTTPConfig.Scope]).
+// HTTPHandler panics when cfg is invalid — nil, or without a Scope (which client a key
+// belongs to is the application's to say, see [HTTPConfig.Scope]), or with a negative limit
+// —, as a duplicate route does: it is a mistake in the code that builds the handler.
 func HTTPHandler[TTx any](in Inbox[TTx], h HTTPTxHandler[TTx], cfg *HTTPConfig) http.Handler {
-	if cfg == nil || cfg.Scope == nil {
-		panic("idempotency: HTTPConfig.Scope is required: return the authenticated client's identity (its account), " +
-			"so that clients using the same Idempotency-Key never share responses")
-	}
-	c := *cfg
-	c.Header = cmp.Or(c.Header, "Idempotency-Key")
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = 1 << 20
-	}
-	if c.MaxKeyLength <= 0 {
-		c.MaxKeyLength = 255
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		panic(err)
 	}
 	return &httpHandler[TTx]{in: in, h: h, cfg: c}
+}
+
+// WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
+// Scope has none.
+func (c *HTTPConfig) WithDefaults() *HTTPConfig {
+	out := HTTPConfig{}
+	if c != nil {
+		out = *c
+	}
+	out.Header = cmp.Or(out.Header, "Idempotency-Key")
+	if out.MaxBodyBytes == 0 {
+		out.MaxBodyBytes = 1 << 20
+	}
+	if out.MaxKeyLength == 0 {
+		out.MaxKeyLength = 255
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return &out
+}
+
+// validate checks a config with defaults applied and returns every problem at once.
+func (c *HTTPConfig) validate() error {
+	var errs []error
+	if c.Scope == nil {
+		errs = append(errs, errors.New("Scope is required: return the authenticated client's identity (its account), "+
+			"so that clients using the same Idempotency-Key never share responses"))
+	}
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("MaxBodyBytes %d is negative", c.MaxBodyBytes))
+	}
+	if c.MaxKeyLength < 0 {
+		errs = append(errs, fmt.Errorf("MaxKeyLength %d is negative", c.MaxKeyLength))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idempotency: invalid HTTPConfig: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 type httpHandler[TTx any] struct {
 	in  Inbox[TTx]
 	h   HTTPTxHandler[TTx]
-	cfg HTTPConfig
+	cfg *HTTPConfig
 }
 
 // errReplay rolls back the transaction of a request whose key was recorded before.

@@ -19,8 +19,9 @@ import (
 )
 
 // Store is the relay's access to an outbox table. Adapters provide one
-// (outboxpgx.NewStore, outboxsql.NewStore…); its methods are the relay's contract, which the
-// conformance suite in outboxtest checks for every adapter. Applications do not call them.
+// (outboxpgx.Default.NewStore, outboxsql.Postgres.NewStore…); its methods are the relay's
+// contract, which the conformance suite in outboxtest checks for every adapter.
+// Applications do not call them.
 //
 // Every method but Claim takes the claim's token: a write for a row whose lease was taken
 // over by a newer claim changes nothing, so a relay whose lease expired cannot clobber
@@ -121,7 +122,7 @@ type DeadLetter struct {
 // statement. The relay samples it for its gauges (txoutbox.outbox.backlog…) once per metric
 // collection, not per event; operators' tools call it directly:
 //
-//	store, _ := outboxpgx.NewStore(pool)
+//	store, _ := outboxpgx.Default.NewStore(pool)
 //	st, err := store.(outboxdriver.StatsReader).Stats(ctx)
 type StatsReader interface {
 	Stats(ctx context.Context) (Stats, error)

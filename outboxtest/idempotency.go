@@ -25,8 +25,8 @@ import (
 
 // IdempotencyFixture is one fresh outbox (with its inbox and dead-letter table) of the
 // adapter under test, whose transactions are of type TTx, and the adapter's idempotency
-// verbs over it: the …At forms, or the package-level ones where the outbox has the default
-// table names.
+// verbs over it (through the adapter's default Outbox where the outbox has the default
+// table names).
 type IdempotencyFixture[TTx any] struct {
 	// Store is the relay store of the outbox (replayed dead letters come back through it).
 	Store outboxdriver.Store

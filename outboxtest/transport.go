@@ -19,12 +19,30 @@ import (
 	"github.com/txoutbox/outbox/cloudevents"
 )
 
+// Features say what a transport promises for a destination, as its test fixture declares
+// them: the transport suites test each transport for what it promises, and skip what it
+// does not.
+type Features struct {
+	// FIFO: messages with the same key are received in the order they were sent, retries
+	// included.
+	FIFO bool
+	// Dedup: the broker drops a re-sent message with an ID it has seen recently.
+	Dedup bool
+	// Batch: the broker accepts several messages per call.
+	Batch bool
+	// Delay: Nack's delay is honoured by the broker.
+	Delay bool
+	// MaxMessageBytes is the largest encoded message the Sender accepts (0: no limit known).
+	MaxMessageBytes int
+}
+
 // TransportFixture is one fresh, empty destination (queue, stream…) of the transport under
 // test.
 type TransportFixture struct {
 	Sender   outbox.Sender
 	Receiver outbox.Receiver
-	Features outbox.TransportFeatures
+	// Features are what the transport promises for this destination.
+	Features Features
 	// SendRaw, when set, puts a body on the destination bypassing the wire format, with no
 	// headers or attributes, to check that a malformed message reaches the consumer as an
 	// *outbox.MalformedError that keeps it.

@@ -28,7 +28,7 @@ type OutageFixture struct {
 	Receiver outbox.Receiver
 	// Features are the Sender's: MaxMessageBytes (0: none) for a per-message fault, FIFO to
 	// check per-key order through the outage.
-	Features outbox.TransportFeatures
+	Features Features
 	// Stop makes the broker unavailable and returns once it is (a process killed, a
 	// cluster closed, a hook that refuses every send).
 	Stop func(t testing.TB)
@@ -40,7 +40,7 @@ type OutageFixture struct {
 	// Outbox.Pipeline does it): the suite then runs a relay through an outage ten times
 	// longer than their retry horizon.
 	Pipeline func(t *testing.T) *PipelineFixture
-	// SendTimeout bounds each Send, as RelayConfig.SendTimeout does for the relay: while the
+	// SendTimeout bounds each Send, as relay.Config.SendTimeout does for the relay: while the
 	// broker is down a Send must fail within it. Default 10s.
 	SendTimeout time.Duration
 	// Timeout bounds each wait for the broker to take messages again and for messages to

@@ -21,7 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// RelayConfig configures a [Relay]. The zero value (or nil) means the defaults below.
+// Config configures a [Relay]. The zero value (or nil) means the defaults below.
 type Config struct {
 	// Name identifies this relay in leases and logs. Default: host name, process ID and a
 	// random suffix.
@@ -149,6 +149,7 @@ func setDefault[T comparable](field *T, def T) {
 	}
 }
 
+// validate checks a config with defaults applied and returns every problem at once.
 func (c *Config) validate() error {
 	var errs []error
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
@@ -182,7 +183,7 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Errorf("Concurrency %d is outside 1..64", c.Concurrency))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("outbox: invalid RelayConfig: %w", errors.Join(errs...))
+		return fmt.Errorf("relay: invalid Config: %w", errors.Join(errs...))
 	}
 	return nil
 }
@@ -203,15 +204,16 @@ type Relay struct {
 	broker, database *availability.Gate
 }
 
-// NewRelay returns a relay that moves messages from store to sender.
+// New returns a relay that moves messages from store to sender. It applies cfg's defaults
+// (nil means the defaults) and reports every problem of its arguments at once.
 func New(store outboxdriver.Store, sender outbox.Sender, cfg *Config) (*Relay, error) {
 	c := cfg.WithDefaults()
 	var errs []error
 	if store == nil {
-		errs = append(errs, errors.New("outbox: NewRelay needs a Store"))
+		errs = append(errs, errors.New("relay: New needs a Store"))
 	}
 	if sender == nil {
-		errs = append(errs, errors.New("outbox: NewRelay needs a Sender"))
+		errs = append(errs, errors.New("relay: New needs a Sender"))
 	}
 	if err := c.validate(); err != nil {
 		errs = append(errs, err)

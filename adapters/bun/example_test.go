@@ -46,7 +46,7 @@ func Example() {
 	}
 	db := bun.NewDB(sqldb, sqlitedialect.New())
 	defer db.Close()
-	if err := outboxbun.Migrate(ctx, db); err != nil {
+	if err := outboxbun.Default.Migrate(ctx, db); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := db.NewCreateTable().Model((*File)(nil)).Exec(ctx); err != nil {
@@ -58,23 +58,23 @@ func Example() {
 		if _, err := tx.NewInsert().Model(&File{ID: "f-1", Name: "report.csv"}).Exec(ctx); err != nil {
 			return err
 		}
-		return outboxbun.Publish(ctx, tx, outbox.New(FileUploaded{FileID: "f-1"}, outbox.WithKey("f-1")))
+		return outboxbun.Default.Publish(ctx, tx, outbox.New(FileUploaded{FileID: "f-1"}, outbox.WithKey("f-1")))
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
 
 	// Relay: normally `go relay.Run(ctx)` next to a real transport.
-	store, err := outboxbun.NewStore(db)
+	store, err := outboxbun.Default.NewStore(db)
 	if err != nil {
 		log.Fatal(err)
 	}
 	queue := outboxmemory.New(nil)
-	relay, err := relay.New(store, queue, nil)
+	r, err := relay.New(store, queue, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := relay.RunOnce(ctx); err != nil {
+	if _, err := r.RunOnce(ctx); err != nil {
 		log.Fatal(err)
 	}
 	for _, m := range queue.Sent() {

@@ -1,15 +1,24 @@
 // Package outboxbun stores txoutbox events through bun: Publish writes them in the caller's
 // bun.Tx (db.RunInTx or BeginTx), on the transaction's own connection, with no second
-// connection and no extra commit; NewStore gives the relay its leased claims over a *bun.DB.
+// connection and no extra commit; NewStore gives the relay its leased claims over a *bun.DB;
+// and Idempotent runs a consumer's handler in a bun transaction that also records the event
+// in the inbox.
+//
+// Every verb goes through an [Outbox]: [Default] for the default table names, or one from
+// [New] for others.
+//
+//	err := outboxbun.Default.Publish(ctx, tx, outbox.New(OrderPlaced{ID: id}))
+//	billing, err := outboxbun.New(outbox.Tables{Schema: "billing"})
+//	h := outboxbun.Idempotent(billing, db, handle)
+//
+// outboxpgx, outboxgorm and outboxsql have the same verbs, with the same names, arguments
+// (each library's own handles) and results.
 //
 // The dialect follows bun's: pgdialect (on pgdriver, pgx's stdlib driver or another
 // PostgreSQL driver), mysqldialect (MySQL 8.0.13+ or MariaDB 10.6+; keep the DSN's loc at
 // UTC, the default) or sqlitedialect (SQLite 3.35+, opened in WAL mode with a busy
 // timeout). The SQL is the one every txoutbox adapter shares, so events written here
 // can be relayed by any of them.
-//
-// On the consumer side, IdempotentAt runs a handler in a bun transaction that also records
-// the event in the inbox, and NewDeadLetters opens the dead-letter table.
 //
 // Publish runs its SQL on the transaction's *sql.Tx, past bun's query formatting and query
 // hooks: the outbox is not a bun model.
@@ -28,13 +37,21 @@ import (
 	"github.com/txoutbox/outbox/outboxdriver"
 )
 
-// Outbox is an outbox at configured table names, in whichever dialect the bun database
-// speaks. The package-level functions use the default names (table "outbox" in the
-// connection's default schema) and insist on a transaction.
+// Outbox is an outbox at one set of table names, and every verb of this package goes
+// through one: [Default] is the outbox at the default names, [New] makes one at others. The
+// verbs that are generic over the event type ([Idempotent], [IdempotentGrouped],
+// [SkipSeen]) are functions that take the Outbox first, since Go methods cannot have type
+// parameters; the others are its methods. An Outbox is immutable and safe for concurrent
+// use; it serves every dialect, which each call takes from its bun handle.
 type Outbox struct {
 	names     map[string]*sqlstore.Names
 	allowNoTx bool
 }
+
+// Default is the outbox at the default table names: "outbox", "outbox_dead_letters",
+// "outbox_inbox"… in the connection's default schema (PostgreSQL's search_path, MySQL's
+// database, SQLite's main database). Its Publish insists on a transaction.
+var Default = mustNew(outbox.Tables{})
 
 // Option configures an [Outbox].
 type Option func(*Outbox)
@@ -45,7 +62,7 @@ type Option func(*Outbox)
 // such a call fails with [outbox.ErrNotInTransaction].
 func AllowNoTx() Option { return func(o *Outbox) { o.allowNoTx = true } }
 
-// New validates t and returns an outbox at those names.
+// New validates t and returns the outbox at those names.
 func New(t outbox.Tables, opts ...Option) (*Outbox, error) {
 	names, err := sqlstore.NamesByDialect(t)
 	if err != nil {
@@ -58,44 +75,27 @@ func New(t outbox.Tables, opts ...Option) (*Outbox, error) {
 	return o, nil
 }
 
-var defaultOutbox = func() *Outbox {
-	o, err := New(outbox.Tables{})
+func mustNew(t outbox.Tables) *Outbox {
+	o, err := New(t)
 	if err != nil {
 		panic(err)
 	}
 	return o
-}()
-
-// Publish writes events to the default outbox inside db, a bun.Tx. See [Outbox.Publish].
-func Publish(ctx context.Context, db bun.IDB, events ...outbox.Encodable) error {
-	return defaultOutbox.Publish(ctx, db, events...)
 }
 
-// Migrate creates or upgrades the default outbox's tables. See [Outbox.Migrate].
-func Migrate(ctx context.Context, db *bun.DB) error { return defaultOutbox.Migrate(ctx, db) }
-
-// MigrateTx creates or upgrades the default outbox's tables inside tx. See [Outbox.MigrateTx].
-func MigrateTx(ctx context.Context, tx bun.Tx) error { return defaultOutbox.MigrateTx(ctx, tx) }
-
-// Validate checks the default outbox's tables. See [Outbox.Validate].
-func Validate(ctx context.Context, db *bun.DB) error { return defaultOutbox.Validate(ctx, db) }
-
-// NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db *bun.DB) (outboxdriver.Store, error) { return defaultOutbox.NewStore(db) }
-
-// Publish writes events inside db, which must be a bun.Tx (the tx of db.RunInTx, or of
+// Publish writes events inside tx, which must be a bun.Tx (the tx of db.RunInTx, or of
 // BeginTx; a nested transaction's savepoint works too). The events become visible to the
 // relay when the transaction commits and vanish if it rolls back. An event that cannot be
 // encoded, or that breaks the rules of [outbox.Message] (outbox.ErrInvalidEvent), fails the
-// call before anything is written. A nil or zero db fails with
+// call before anything is written. A nil or zero tx fails with
 // [outbox.ErrNotInTransaction], and so does a *bun.DB or bun.Conn unless the outbox was
-// built with [AllowNoTx].
-func (o *Outbox) Publish(ctx context.Context, db bun.IDB, events ...outbox.Encodable) error {
-	q, err := o.executor(db)
+// built with [AllowNoTx]. Up to 1000 events cost one statement.
+func (o *Outbox) Publish(ctx context.Context, tx bun.IDB, events ...outbox.Encodable) error {
+	q, err := o.executor(tx)
 	if err != nil {
 		return err
 	}
-	d, n, err := o.dialect(db)
+	d, n, err := o.dialect(tx)
 	if err != nil {
 		return err
 	}

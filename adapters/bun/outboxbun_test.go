@@ -71,9 +71,13 @@ func newTestOutbox(t testing.TB, i int, opts ...outboxbun.Option) *testOutbox {
 	s := setups[i]
 	tg := sqlstoretest.New(t, s.dialect, s.open)
 	db := bun.NewDB(tg.DB, s.bun())
-	o, err := outboxbun.New(tg.Tables, opts...)
-	if err != nil {
-		t.Fatal(err)
+	// The default names (SQLite) go through outboxbun.Default, the others through New.
+	o := outboxbun.Default
+	if !tg.DefaultNames() || len(opts) > 0 {
+		var err error
+		if o, err = outboxbun.New(tg.Tables, opts...); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := o.Migrate(context.Background(), db); err != nil {
 		t.Fatal(err)
@@ -205,7 +209,7 @@ func TestPublishOutsideTransaction(t *testing.T) {
 		t.Fatalf("Publish on a bun.Conn = %v, want ErrNotInTransaction", err)
 	}
 	conn.Close()
-	if err := outboxbun.Publish(ctx, nil, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+	if err := outboxbun.Default.Publish(ctx, nil, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
 		t.Fatalf("Publish(nil) = %v, want ErrNotInTransaction", err)
 	}
 	err = strict.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
@@ -228,8 +232,8 @@ func TestPublishOutsideTransaction(t *testing.T) {
 	}
 }
 
-// TestMigrate runs the migration suite on every setup, through the package-level functions
-// where the outbox has the default names (SQLite).
+// TestMigrate runs the migration suite on every setup, through outboxbun.Default where the
+// outbox has the default names (SQLite).
 func TestMigrate(t *testing.T) {
 	for _, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
@@ -237,11 +241,14 @@ func TestMigrate(t *testing.T) {
 			outboxtest.ExerciseMigrate(t, func(t *testing.T) *outboxtest.MigrateFixture[bun.Tx] {
 				tg := sqlstoretest.New(t, s.dialect, s.open)
 				db := bun.NewDB(tg.DB, s.bun())
-				o, err := outboxbun.New(tg.Tables)
-				if err != nil {
-					t.Fatal(err)
+				o := outboxbun.Default
+				if !tg.DefaultNames() {
+					var err error
+					if o, err = outboxbun.New(tg.Tables); err != nil {
+						t.Fatal(err)
+					}
 				}
-				f := &outboxtest.MigrateFixture[bun.Tx]{
+				return &outboxtest.MigrateFixture[bun.Tx]{
 					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, db) },
 					MigrateTx: o.MigrateTx,
 					Validate:  func(ctx context.Context) error { return o.Validate(ctx, db) },
@@ -252,12 +259,6 @@ func TestMigrate(t *testing.T) {
 					Versions:   tg.Versions(),
 					DDLCommits: s.dialect == "mysql",
 				}
-				if tg.DefaultNames() {
-					f.Migrate = func(ctx context.Context) error { return outboxbun.Migrate(ctx, db) }
-					f.MigrateTx = outboxbun.MigrateTx
-					f.Validate = func(ctx context.Context) error { return outboxbun.Validate(ctx, db) }
-				}
-				return f
 			})
 		})
 	}
@@ -321,8 +322,8 @@ func TestRelayedByOtherAdapters(t *testing.T) {
 	}
 }
 
-// TestIdempotency runs the idempotency suite on every setup: through the package-level
-// functions where the outbox has the default names (SQLite), through the Outbox's otherwise.
+// TestIdempotency runs the idempotency suite on every setup: through outboxbun.Default
+// where the outbox has the default names (SQLite), through an Outbox from New otherwise.
 func TestIdempotency(t *testing.T) {
 	for i, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
@@ -346,60 +347,32 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 		AgeInbox:  o.AgeInbox,
 		SQL:       o.RawSQL(),
 		Unmigrate: o.Unmigrate,
+		Publish: func(ctx context.Context, tx bun.Tx, events ...outbox.Encodable) error {
+			return o.Publish(ctx, tx, events...)
+		},
+		Idempotent: func(h idempotency.TxHandler[bun.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxbun.Idempotent(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h))
+		},
+		IdempotentGrouped: func(h idempotency.TxHandler[bun.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxbun.IdempotentGrouped(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h), cfg)
+		},
+		SkipSeen: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxbun.SkipSeen(o.Outbox, o.db, h)
+		},
+		IdempotentHTTP: func(h idempotency.HTTPTxHandler[bun.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+			return o.IdempotentHTTP(o.db, h, cfg)
+		},
+		PruneInbox: func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return o.PruneInbox(ctx, o.db, retention, limit)
+		},
 	}
 	var err error
-	if o.DefaultNames() {
-		f.Store, err = outboxbun.NewStore(o.db)
-		if err == nil {
-			f.DeadLetters, err = outboxbun.NewDeadLetters(o.db)
-		}
-		if err == nil {
-			f.Inbox, err = outboxbun.NewInbox(o.db)
-		}
-		f.Publish = func(ctx context.Context, tx bun.Tx, events ...outbox.Encodable) error {
-			return outboxbun.Publish(ctx, tx, events...)
-		}
-		f.Idempotent = func(h idempotency.TxHandler[bun.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxbun.Idempotent(o.db, outboxbun.TxHandler[outboxtest.Note](h))
-		}
-		f.IdempotentGrouped = func(h idempotency.TxHandler[bun.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxbun.IdempotentGrouped(o.db, outboxbun.TxHandler[outboxtest.Note](h), cfg)
-		}
-		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxbun.SkipSeen(o.db, h)
-		}
-		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[bun.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-			return outboxbun.IdempotentHTTP(o.db, h, cfg)
-		}
-		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-			return outboxbun.PruneInbox(ctx, o.db, retention, limit)
-		}
-	} else {
-		f.Store, err = o.NewStore(o.db)
-		if err == nil {
-			f.DeadLetters, err = o.NewDeadLetters(o.db)
-		}
-		if err == nil {
-			f.Inbox, err = o.NewInbox(o.db)
-		}
-		f.Publish = func(ctx context.Context, tx bun.Tx, events ...outbox.Encodable) error {
-			return o.Publish(ctx, tx, events...)
-		}
-		f.Idempotent = func(h idempotency.TxHandler[bun.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxbun.IdempotentAt(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h))
-		}
-		f.IdempotentGrouped = func(h idempotency.TxHandler[bun.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxbun.IdempotentGroupedAt(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h), cfg)
-		}
-		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxbun.SkipSeenAt(o.Outbox, o.db, h)
-		}
-		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[bun.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-			return outboxbun.IdempotentHTTPAt(o.Outbox, o.db, h, cfg)
-		}
-		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-			return o.PruneInbox(ctx, o.db, retention, limit)
-		}
+	f.Store, err = o.NewStore(o.db)
+	if err == nil {
+		f.DeadLetters, err = o.NewDeadLetters(o.db)
+	}
+	if err == nil {
+		f.Inbox, err = o.NewInbox(o.db)
 	}
 	if err != nil {
 		t.Fatal(err)

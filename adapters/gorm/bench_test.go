@@ -27,24 +27,24 @@ func BenchmarkProducer(b *testing.B) {
 	}
 	o.DB.SetMaxIdleConns(16)
 	raw := "INSERT INTO " + o.OutboxTable() + " (id, type, key, headers, content_type, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-	tx := func(body func(tx *gorm.DB) error) func(ctx context.Context) error {
+	tx := func(body func(ctx context.Context, tx *gorm.DB) error) func(ctx context.Context) error {
 		return func(ctx context.Context) error {
 			return o.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 				if err := tx.Table(orders).Create(&Order{Total: 42}).Error; err != nil {
 					return err
 				}
-				return body(tx)
+				return body(ctx, tx)
 			})
 		}
 	}
 	sqlstoretest.CompareProducers(b, 8, time.Second, 5,
-		sqlstoretest.Variant{Name: "business", Tx: tx(func(*gorm.DB) error { return nil })},
-		sqlstoretest.Variant{Name: "raw_outbox", Tx: tx(func(tx *gorm.DB) error {
+		sqlstoretest.Variant{Name: "business", Tx: tx(func(context.Context, *gorm.DB) error { return nil })},
+		sqlstoretest.Variant{Name: "raw_outbox", Tx: tx(func(_ context.Context, tx *gorm.DB) error {
 			id, _ := uuid.NewV7()
 			return tx.Exec(raw, id.String(), "bench.order_placed", "", nil, "application/json", []byte(`{"order_id":1}`), time.Now()).Error
 		})},
-		sqlstoretest.Variant{Name: "publish", Tx: tx(func(tx *gorm.DB) error {
-			return o.Publish(tx, outbox.New(OrderPlaced{1}))
+		sqlstoretest.Variant{Name: "publish", Tx: tx(func(ctx context.Context, tx *gorm.DB) error {
+			return o.Publish(ctx, tx, outbox.New(OrderPlaced{1}))
 		})},
 	)
 }

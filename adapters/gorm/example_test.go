@@ -46,7 +46,8 @@ func Example() {
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	if err := outboxgorm.Migrate(db); err != nil {
+	ctx := context.Background()
+	if err := outboxgorm.Default.Migrate(ctx, db); err != nil {
 		log.Fatal(err)
 	}
 	if err := db.AutoMigrate(&File{}); err != nil {
@@ -54,27 +55,27 @@ func Example() {
 	}
 
 	// Producer: the file row and its event commit together, or not at all.
-	err = db.Transaction(func(tx *gorm.DB) error {
+	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Create(&File{ID: "f-1", Name: "report.csv"}).Error; err != nil {
 			return err
 		}
-		return outboxgorm.Publish(tx, outbox.New(FileUploaded{FileID: "f-1"}, outbox.WithKey("f-1")))
+		return outboxgorm.Default.Publish(ctx, tx, outbox.New(FileUploaded{FileID: "f-1"}, outbox.WithKey("f-1")))
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
 
 	// Relay: normally `go relay.Run(ctx)` next to a real transport.
-	store, err := outboxgorm.NewStore(db)
+	store, err := outboxgorm.Default.NewStore(db)
 	if err != nil {
 		log.Fatal(err)
 	}
 	queue := outboxmemory.New(nil)
-	relay, err := relay.New(store, queue, nil)
+	r, err := relay.New(store, queue, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := relay.RunOnce(context.Background()); err != nil {
+	if _, err := r.RunOnce(ctx); err != nil {
 		log.Fatal(err)
 	}
 	for _, m := range queue.Sent() {

@@ -1,7 +1,19 @@
 // Package outboxgorm stores txoutbox events through GORM: Publish writes them in the
 // caller's GORM transaction (db.Transaction or Begin), on the transaction's own connection,
 // with no second connection and no extra commit; NewStore gives the relay its leased claims
-// over the *gorm.DB's pool.
+// over the *gorm.DB's pool; and Idempotent runs a consumer's handler in a GORM transaction
+// that also records the event in the inbox.
+//
+// Every verb goes through an [Outbox]: [Default] for the default table names, or one from
+// [New] for others.
+//
+//	err := outboxgorm.Default.Publish(ctx, tx, outbox.New(OrderPlaced{ID: id}))
+//	billing, err := outboxgorm.New(outbox.Tables{Schema: "billing"})
+//	h := outboxgorm.Idempotent(billing, db, handle)
+//
+// outboxpgx, outboxbun and outboxsql have the same verbs, with the same names, arguments
+// (each library's own handles) and results. The context is the first argument here too;
+// the *gorm.DB's own (db.WithContext) is not consulted.
 //
 // The dialect follows the GORM dialector: "postgres" (gorm.io/driver/postgres, whichever
 // database/sql driver it runs on), "mysql" (gorm.io/driver/mysql; MySQL 8.0.13+ or MariaDB
@@ -9,9 +21,6 @@
 // github.com/glebarez/sqlite, or gorm.io/driver/sqlite; SQLite 3.35+, opened in WAL mode
 // with a busy timeout). The SQL is the one every txoutbox adapter shares, so
 // events written here can be relayed by any of them.
-//
-// On the consumer side, IdempotentAt runs a handler in a GORM transaction that also records
-// the event in the inbox, and NewDeadLetters opens the dead-letter table.
 //
 // Publish sends its SQL straight to the transaction's connection, past GORM's callbacks,
 // hooks and logger: the outbox is not a GORM model.
@@ -29,13 +38,21 @@ import (
 	"github.com/txoutbox/outbox/outboxdriver"
 )
 
-// Outbox is an outbox at configured table names, in whichever dialect the *gorm.DB speaks.
-// The package-level functions use the default names (table "outbox" in the connection's
-// default schema) and insist on a transaction.
+// Outbox is an outbox at one set of table names, and every verb of this package goes
+// through one: [Default] is the outbox at the default names, [New] makes one at others. The
+// verbs that are generic over the event type ([Idempotent], [IdempotentGrouped],
+// [SkipSeen]) are functions that take the Outbox first, since Go methods cannot have type
+// parameters; the others are its methods. An Outbox is immutable and safe for concurrent
+// use; it serves every dialect, which each call takes from its *gorm.DB.
 type Outbox struct {
 	names     map[string]*sqlstore.Names
 	allowNoTx bool
 }
+
+// Default is the outbox at the default table names: "outbox", "outbox_dead_letters",
+// "outbox_inbox"… in the connection's default schema (PostgreSQL's search_path, MySQL's
+// database, SQLite's main database). Its Publish insists on a transaction.
+var Default = mustNew(outbox.Tables{})
 
 // Option configures an [Outbox].
 type Option func(*Outbox)
@@ -46,7 +63,7 @@ type Option func(*Outbox)
 // call fails with [outbox.ErrNotInTransaction].
 func AllowNoTx() Option { return func(o *Outbox) { o.allowNoTx = true } }
 
-// New validates t and returns an outbox at those names.
+// New validates t and returns the outbox at those names.
 func New(t outbox.Tables, opts ...Option) (*Outbox, error) {
 	names, err := sqlstore.NamesByDialect(t)
 	if err != nil {
@@ -59,38 +76,21 @@ func New(t outbox.Tables, opts ...Option) (*Outbox, error) {
 	return o, nil
 }
 
-var defaultOutbox = func() *Outbox {
-	o, err := New(outbox.Tables{})
+func mustNew(t outbox.Tables) *Outbox {
+	o, err := New(t)
 	if err != nil {
 		panic(err)
 	}
 	return o
-}()
-
-// Publish writes events to the default outbox inside tx. See [Outbox.Publish].
-func Publish(tx *gorm.DB, events ...outbox.Encodable) error {
-	return defaultOutbox.Publish(tx, events...)
 }
 
-// Migrate creates or upgrades the default outbox's tables. See [Outbox.Migrate].
-func Migrate(db *gorm.DB) error { return defaultOutbox.Migrate(db) }
-
-// MigrateTx creates or upgrades the default outbox's tables inside tx. See [Outbox.MigrateTx].
-func MigrateTx(tx *gorm.DB) error { return defaultOutbox.MigrateTx(tx) }
-
-// Validate checks the default outbox's tables. See [Outbox.Validate].
-func Validate(db *gorm.DB) error { return defaultOutbox.Validate(db) }
-
-// NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db *gorm.DB) (outboxdriver.Store, error) { return defaultOutbox.NewStore(db) }
-
 // Publish writes events inside tx, the *gorm.DB of a db.Transaction callback or of Begin;
-// they become visible to the relay when tx commits and vanish if it rolls back. The context
-// is tx's (db.WithContext). An event that cannot be encoded, or that breaks the rules of
-// [outbox.Message] (outbox.ErrInvalidEvent), fails the call before anything is written. A
-// nil tx fails with [outbox.ErrNotInTransaction], and so does a tx outside a transaction
-// unless the outbox was built with [AllowNoTx].
-func (o *Outbox) Publish(tx *gorm.DB, events ...outbox.Encodable) error {
+// they become visible to the relay when tx commits and vanish if it rolls back. An event
+// that cannot be encoded, or that breaks the rules of [outbox.Message]
+// (outbox.ErrInvalidEvent), fails the call before anything is written. A nil tx fails with
+// [outbox.ErrNotInTransaction], and so does a tx outside a transaction unless the outbox
+// was built with [AllowNoTx]. Up to 1000 events cost one statement.
+func (o *Outbox) Publish(ctx context.Context, tx *gorm.DB, events ...outbox.Encodable) error {
 	if tx == nil || tx.Statement == nil || outboxdriver.IsNil(tx.Statement.ConnPool) {
 		return fmt.Errorf("outboxgorm: %w: got a nil *gorm.DB", outbox.ErrNotInTransaction)
 	}
@@ -102,7 +102,6 @@ func (o *Outbox) Publish(tx *gorm.DB, events ...outbox.Encodable) error {
 	if _, inTx := pool.(gorm.TxCommitter); !inTx && !o.allowNoTx {
 		return fmt.Errorf("outboxgorm: %w: this *gorm.DB is not inside db.Transaction or Begin (build the Outbox with AllowNoTx to publish outside one)", outbox.ErrNotInTransaction)
 	}
-	ctx := contextOf(tx)
 	if err := sqlstore.Publish(ctx, d, sqlstore.StdQuerier(pool), n, events); err != nil {
 		return fmt.Errorf("outboxgorm: %w", err)
 	}
@@ -113,7 +112,7 @@ func (o *Outbox) Publish(tx *gorm.DB, events ...outbox.Encodable) error {
 // for each other, and it is safe to call at every start. PostgreSQL and SQLite migrate in
 // one transaction. MySQL commits DDL as it goes, so there a lock keeps migrators apart and
 // every step is idempotent: an interrupted migration completes at the next call.
-func (o *Outbox) Migrate(db *gorm.DB) error {
+func (o *Outbox) Migrate(ctx context.Context, db *gorm.DB) error {
 	d, n, err := o.dialect(db)
 	if err != nil {
 		return err
@@ -122,7 +121,7 @@ func (o *Outbox) Migrate(db *gorm.DB) error {
 	if err != nil {
 		return fmt.Errorf("outboxgorm: Migrate needs a *gorm.DB over a connection pool: %w", err)
 	}
-	if err := d.Migrate(contextOf(db), sqlstore.StdDB(sqlDB), n); err != nil {
+	if err := d.Migrate(ctx, sqlstore.StdDB(sqlDB), n); err != nil {
 		return fmt.Errorf("outboxgorm: migrating %s (%s): %w", n.Outbox, d.Name(), err)
 	}
 	return nil
@@ -131,7 +130,7 @@ func (o *Outbox) Migrate(db *gorm.DB) error {
 // MigrateTx is Migrate inside the caller's GORM transaction, for applications that run
 // their own migrations in one transaction (PostgreSQL, SQLite). On MySQL it fails without
 // doing anything: DDL would commit the caller's transaction.
-func (o *Outbox) MigrateTx(tx *gorm.DB) error {
+func (o *Outbox) MigrateTx(ctx context.Context, tx *gorm.DB) error {
 	d, n, err := o.dialect(tx)
 	if err != nil {
 		return err
@@ -143,7 +142,7 @@ func (o *Outbox) MigrateTx(tx *gorm.DB) error {
 	if _, inTx := pool.(gorm.TxCommitter); !inTx {
 		return fmt.Errorf("outboxgorm: %w: MigrateTx needs a *gorm.DB inside a transaction", outbox.ErrNotInTransaction)
 	}
-	if err := d.Migrate(contextOf(tx), sqlstore.StdTxDB(pool), n); err != nil {
+	if err := d.Migrate(ctx, sqlstore.StdTxDB(pool), n); err != nil {
 		return fmt.Errorf("outboxgorm: migrating %s (%s): %w", n.Outbox, d.Name(), err)
 	}
 	return nil
@@ -153,7 +152,7 @@ func (o *Outbox) MigrateTx(tx *gorm.DB) error {
 // migration applied, none unknown to it, every column the library reads and writes there.
 // Call it at start when the schema is migrated by another tool (the SQL of
 // "outbox migrate --script"). The error wraps [outbox.ErrSchema] and names every problem.
-func (o *Outbox) Validate(db *gorm.DB) error {
+func (o *Outbox) Validate(ctx context.Context, db *gorm.DB) error {
 	d, n, err := o.dialect(db)
 	if err != nil {
 		return err
@@ -162,7 +161,7 @@ func (o *Outbox) Validate(db *gorm.DB) error {
 	if err != nil {
 		return fmt.Errorf("outboxgorm: Validate needs a *gorm.DB over a connection pool: %w", err)
 	}
-	if err := sqlstore.Validate(contextOf(db), d, sqlstore.StdQuerier(sqlDB), n); err != nil {
+	if err := sqlstore.Validate(ctx, d, sqlstore.StdQuerier(sqlDB), n); err != nil {
 		return fmt.Errorf("outboxgorm: %w", err)
 	}
 	return nil
@@ -193,11 +192,4 @@ func (o *Outbox) dialect(db *gorm.DB) (sqlstore.Dialect, *sqlstore.Names, error)
 		return nil, nil, fmt.Errorf("outboxgorm: GORM dialect %q is not supported (postgres, mysql, sqlite): %w", name, err)
 	}
 	return d, o.names[name], nil
-}
-
-func contextOf(db *gorm.DB) context.Context {
-	if db.Statement != nil && db.Statement.Context != nil {
-		return db.Statement.Context
-	}
-	return context.Background()
 }

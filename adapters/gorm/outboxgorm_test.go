@@ -71,11 +71,14 @@ func newTestOutbox(t testing.TB, i int, opts ...outboxgorm.Option) *testOutbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := outboxgorm.New(tg.Tables, opts...)
-	if err != nil {
-		t.Fatal(err)
+	// The default names (SQLite) go through outboxgorm.Default, the others through New.
+	o := outboxgorm.Default
+	if !tg.DefaultNames() || len(opts) > 0 {
+		if o, err = outboxgorm.New(tg.Tables, opts...); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := o.Migrate(db); err != nil {
+	if err := o.Migrate(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
 	return &testOutbox{Outbox: o, Target: tg, db: db}
@@ -84,7 +87,7 @@ func newTestOutbox(t testing.TB, i int, opts ...outboxgorm.Option) *testOutbox {
 // publish is the fixtures' Publish: one db.Transaction, committed or rolled back.
 func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.Encodable) error {
 	err := o.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := o.Publish(tx, events...); err != nil {
+		if err := o.Publish(ctx, tx, events...); err != nil {
 			return err
 		}
 		if !commit {
@@ -112,7 +115,7 @@ func TestConformance(t *testing.T) {
 				f.PublishNilTx = func(ctx context.Context, events ...outbox.Encodable) error {
 					tx := o.db.WithContext(ctx).Session(&gorm.Session{})
 					tx.Statement.ConnPool = (*sql.Tx)(nil)
-					return o.Publish(tx, events...)
+					return o.Publish(ctx, tx, events...)
 				}
 				return f
 			})
@@ -150,7 +153,7 @@ func TestOrderAndEventCommitTogether(t *testing.T) {
 					if err := tx.Table(orders).Create(&Order{ID: id, Total: 42}).Error; err != nil {
 						return err
 					}
-					if err := o.Publish(tx, outbox.New(OrderPlaced{id}, outbox.WithKey("orders"))); err != nil {
+					if err := o.Publish(ctx, tx, outbox.New(OrderPlaced{id}, outbox.WithKey("orders"))); err != nil {
 						return err
 					}
 					return fail
@@ -197,16 +200,16 @@ func TestPublishOutsideTransaction(t *testing.T) {
 	const sqliteSetup = 3
 	ctx := context.Background()
 	strict := newTestOutbox(t, sqliteSetup)
-	err := strict.Publish(strict.db.WithContext(ctx), outbox.New(OrderPlaced{1}))
+	err := strict.Publish(ctx, strict.db, outbox.New(OrderPlaced{1}))
 	if !errors.Is(err, outbox.ErrNotInTransaction) {
 		t.Fatalf("Publish outside a transaction = %v, want ErrNotInTransaction", err)
 	}
-	if err := outboxgorm.Publish(nil, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+	if err := outboxgorm.Default.Publish(ctx, nil, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
 		t.Fatalf("Publish(nil) = %v, want ErrNotInTransaction", err)
 	}
 
 	lax := newTestOutbox(t, sqliteSetup, outboxgorm.AllowNoTx())
-	if err := lax.Publish(lax.db.WithContext(ctx), outbox.New(OrderPlaced{1})); err != nil {
+	if err := lax.Publish(ctx, lax.db, outbox.New(OrderPlaced{1})); err != nil {
 		t.Fatalf("Publish with AllowNoTx: %v", err)
 	}
 	if n, err := lax.Pending(ctx); err != nil || n != 1 {
@@ -214,8 +217,8 @@ func TestPublishOutsideTransaction(t *testing.T) {
 	}
 }
 
-// TestMigrate runs the migration suite on every setup, through the package-level functions
-// where the outbox has the default names (SQLite).
+// TestMigrate runs the migration suite on every setup, through outboxgorm.Default where the
+// outbox has the default names (SQLite).
 func TestMigrate(t *testing.T) {
 	for _, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
@@ -226,14 +229,16 @@ func TestMigrate(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				o, err := outboxgorm.New(tg.Tables)
-				if err != nil {
-					t.Fatal(err)
+				o := outboxgorm.Default
+				if !tg.DefaultNames() {
+					if o, err = outboxgorm.New(tg.Tables); err != nil {
+						t.Fatal(err)
+					}
 				}
-				f := &outboxtest.MigrateFixture[*gorm.DB]{
-					Migrate:   func(ctx context.Context) error { return o.Migrate(db.WithContext(ctx)) },
-					MigrateTx: func(ctx context.Context, tx *gorm.DB) error { return o.MigrateTx(tx.WithContext(ctx)) },
-					Validate:  func(ctx context.Context) error { return o.Validate(db.WithContext(ctx)) },
+				return &outboxtest.MigrateFixture[*gorm.DB]{
+					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, db) },
+					MigrateTx: o.MigrateTx,
+					Validate:  func(ctx context.Context) error { return o.Validate(ctx, db) },
 					InTx: func(ctx context.Context, fn func(*gorm.DB) error) error {
 						return db.WithContext(ctx).Transaction(fn)
 					},
@@ -241,12 +246,6 @@ func TestMigrate(t *testing.T) {
 					Versions:   tg.Versions(),
 					DDLCommits: s.dialect == "mysql",
 				}
-				if tg.DefaultNames() {
-					f.Migrate = func(ctx context.Context) error { return outboxgorm.Migrate(db.WithContext(ctx)) }
-					f.MigrateTx = func(ctx context.Context, tx *gorm.DB) error { return outboxgorm.MigrateTx(tx.WithContext(ctx)) }
-					f.Validate = func(ctx context.Context) error { return outboxgorm.Validate(db.WithContext(ctx)) }
-				}
-				return f
 			})
 		})
 	}
@@ -255,7 +254,7 @@ func TestMigrate(t *testing.T) {
 // TestRelayedByOutboxsql: events written through GORM are delivered, intact and in order,
 // by a relay on the database/sql adapter's store over the same tables.
 func TestRelayedByOutboxsql(t *testing.T) {
-	dialects := map[string]outboxsql.Dialect{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}
+	dialects := map[string]*outboxsql.Outbox{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}
 	for i, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
@@ -290,8 +289,8 @@ func TestRelayedByOutboxsql(t *testing.T) {
 	}
 }
 
-// TestIdempotency runs the idempotency suite on every setup: through the package-level
-// functions where the outbox has the default names (SQLite), through the Outbox's otherwise.
+// TestIdempotency runs the idempotency suite on every setup: through outboxgorm.Default
+// where the outbox has the default names (SQLite), through an Outbox from New otherwise.
 func TestIdempotency(t *testing.T) {
 	for i, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
@@ -314,60 +313,30 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 		AgeInbox:  o.AgeInbox,
 		SQL:       o.RawSQL(),
 		Unmigrate: o.Unmigrate,
+		Publish:   o.Publish,
+		Idempotent: func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.Idempotent(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h))
+		},
+		IdempotentGrouped: func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.IdempotentGrouped(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h), cfg)
+		},
+		SkipSeen: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.SkipSeen(o.Outbox, o.db, h)
+		},
+		IdempotentHTTP: func(h idempotency.HTTPTxHandler[*gorm.DB], cfg *idempotency.HTTPConfig) http.Handler {
+			return o.IdempotentHTTP(o.db, h, cfg)
+		},
+		PruneInbox: func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return o.PruneInbox(ctx, o.db, retention, limit)
+		},
 	}
 	var err error
-	if o.DefaultNames() {
-		f.Store, err = outboxgorm.NewStore(o.db)
-		if err == nil {
-			f.DeadLetters, err = outboxgorm.NewDeadLetters(o.db)
-		}
-		if err == nil {
-			f.Inbox, err = outboxgorm.NewInbox(o.db)
-		}
-		f.Publish = func(ctx context.Context, tx *gorm.DB, events ...outbox.Encodable) error {
-			return outboxgorm.Publish(tx.WithContext(ctx), events...)
-		}
-		f.Idempotent = func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxgorm.Idempotent(o.db, outboxgorm.TxHandler[outboxtest.Note](h))
-		}
-		f.IdempotentGrouped = func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxgorm.IdempotentGrouped(o.db, outboxgorm.TxHandler[outboxtest.Note](h), cfg)
-		}
-		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxgorm.SkipSeen(o.db, h)
-		}
-		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[*gorm.DB], cfg *idempotency.HTTPConfig) http.Handler {
-			return outboxgorm.IdempotentHTTP(o.db, h, cfg)
-		}
-		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-			return outboxgorm.PruneInbox(o.db.WithContext(ctx), retention, limit)
-		}
-	} else {
-		f.Store, err = o.NewStore(o.db)
-		if err == nil {
-			f.DeadLetters, err = o.NewDeadLetters(o.db)
-		}
-		if err == nil {
-			f.Inbox, err = o.NewInbox(o.db)
-		}
-		f.Publish = func(ctx context.Context, tx *gorm.DB, events ...outbox.Encodable) error {
-			return o.Publish(tx.WithContext(ctx), events...)
-		}
-		f.Idempotent = func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxgorm.IdempotentAt(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h))
-		}
-		f.IdempotentGrouped = func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxgorm.IdempotentGroupedAt(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h), cfg)
-		}
-		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxgorm.SkipSeenAt(o.Outbox, o.db, h)
-		}
-		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[*gorm.DB], cfg *idempotency.HTTPConfig) http.Handler {
-			return outboxgorm.IdempotentHTTPAt(o.Outbox, o.db, h, cfg)
-		}
-		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-			return o.PruneInbox(o.db.WithContext(ctx), retention, limit)
-		}
+	f.Store, err = o.NewStore(o.db)
+	if err == nil {
+		f.DeadLetters, err = o.NewDeadLetters(o.db)
+	}
+	if err == nil {
+		f.Inbox, err = o.NewInbox(o.db)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -385,14 +354,14 @@ func TestPrepareStmt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outboxgorm.Migrate(db); err != nil {
+	if err := outboxgorm.Default.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	if err := outboxgorm.Publish(db.WithContext(ctx), outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+	if err := outboxgorm.Default.Publish(ctx, db, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
 		t.Fatalf("Publish on a prepared-statement pool = %v, want ErrNotInTransaction", err)
 	}
 	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		return outboxgorm.Publish(tx, outbox.New(OrderPlaced{2}))
+		return outboxgorm.Default.Publish(ctx, tx, outbox.New(OrderPlaced{2}))
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -400,7 +369,7 @@ func TestPrepareStmt(t *testing.T) {
 	if n, err := tg.Pending(ctx); err != nil || n != 1 {
 		t.Fatalf("%d pending (%v), want 1", n, err)
 	}
-	if _, err := outboxgorm.NewStore(db); err != nil {
+	if _, err := outboxgorm.Default.NewStore(db); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -90,7 +90,7 @@ func benchOutbox(b *testing.B) *testOutbox {
 }
 
 // BenchmarkProducer: one business INSERT per transaction, alone, with a hand-written outbox
-// INSERT, and with outboxpgx.Publish; 8 clients.
+// INSERT, and with Outbox.Publish; 8 clients.
 func BenchmarkProducer(b *testing.B) {
 	o := benchOutbox(b)
 	const clients = 8
@@ -127,7 +127,7 @@ func BenchmarkProducer(b *testing.B) {
 			_, err := t.Exec(ctx, "SELECT pg_notify('outbox', '')")
 			return err
 		}),
-		tx(func(ctx context.Context, t pgx.Tx) error { // + outboxpgx.Publish
+		tx(func(ctx context.Context, t pgx.Tx) error { // + Outbox.Publish
 			if _, err := t.Exec(ctx, business, 42); err != nil {
 				return err
 			}

@@ -22,12 +22,9 @@ var pgConsumer = sqlstore.Postgres.(sqlstore.ConsumerDialect)
 // TxHandler handles an event inside the transaction that also records it in the inbox.
 type TxHandler[T outbox.Payload] func(ctx context.Context, tx pgx.Tx, e outbox.Event[T]) error
 
-// NewInbox returns the default outbox's inbox over db. See [Outbox.NewInbox].
-func NewInbox(db DB) (idempotency.Inbox[pgx.Tx], error) { return defaultOutbox.NewInbox(db) }
-
-// NewInbox returns o's idempotency-key table (the inbox) over db, for recording keys in
-// your own pgx transactions, counting them and pruning them; Idempotent, IdempotentGrouped,
-// SkipSeen and IdempotentHTTP are built on it.
+// NewInbox returns o's idempotency-key table (the inbox) over db, for recording keys in your
+// own pgx transactions, counting them and pruning them; Idempotent, IdempotentGrouped,
+// SkipSeen and IdempotentHTTP are built on it. Its transactions are pgx.BeginFunc's on db.
 func (o *Outbox) NewInbox(db DB) (idempotency.Inbox[pgx.Tx], error) {
 	if db == nil {
 		return nil, errors.New("outboxpgx: NewInbox needs a database (a *pgxpool.Pool), got nil")
@@ -42,77 +39,13 @@ func (o *Outbox) NewInbox(db DB) (idempotency.Inbox[pgx.Tx], error) {
 		})
 }
 
-// Idempotent makes h's database effects happen exactly once per (consumer, event ID) in the
-// default outbox's inbox. See [IdempotentAt].
-func Idempotent[T outbox.Payload](db DB, h TxHandler[T]) consumer.Handler[T] {
-	return IdempotentAt(defaultOutbox, db, h)
-}
-
-// IdempotentAt returns a consumer handler that opens a transaction on db, records
-// (consumer name, event ID) in o's inbox, and runs h in that transaction only if the pair
-// is new; a duplicate delivery commits nothing and is acknowledged. Write h's effects
-// through tx: they commit together with the inbox row, so a crash before commit re-runs h
-// on redelivery and a crash after commit (before the ack) is absorbed by the inbox. See
-// [idempotency.Once].
-func IdempotentAt[T outbox.Payload](o *Outbox, db DB, h TxHandler[T]) consumer.Handler[T] {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.Failing[T](err)
+// NewDeadLetters returns o's dead-letter table over db: the consumer's Config.DeadLetters,
+// and the API to list, replay and discard.
+func (o *Outbox) NewDeadLetters(db DB) (deadletter.Table, error) {
+	if db == nil {
+		return nil, errors.New("outboxpgx: NewDeadLetters needs a database (a *pgxpool.Pool), got nil")
 	}
-	return idempotency.Once(in, idempotency.TxHandler[pgx.Tx, T](h))
-}
-
-// IdempotentGrouped is [IdempotentGroupedAt] on the default outbox's inbox.
-func IdempotentGrouped[T outbox.Payload](db DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
-	return IdempotentGroupedAt(defaultOutbox, db, h, cfg)
-}
-
-// IdempotentGroupedAt is [IdempotentAt] with group commit: events handled at the same time
-// share a transaction, one inbox statement and one commit for up to cfg.MaxEvents events.
-// Use it for busy consumers (Concurrency 32 or more) whose h is a few quick statements; h
-// may run more than once for an event, every run but the last rolled back. See
-// [idempotency.Group].
-func IdempotentGroupedAt[T outbox.Payload](o *Outbox, db DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return idempotency.NewGroup(in, idempotency.TxHandler[pgx.Tx, T](h), cfg).Handle
-}
-
-// SkipSeen is the at-least-once mode for handlers whose effects are outside this database
-// (an e-mail, an HTTP call), on the default outbox's inbox. See [SkipSeenAt].
-func SkipSeen[T outbox.Payload](db DB, h consumer.Handler[T]) consumer.Handler[T] {
-	return SkipSeenAt(defaultOutbox, db, h)
-}
-
-// SkipSeenAt skips events the consumer already recorded in o's inbox, runs h, and records
-// the event after h succeeds. A crash between h's success and the record runs h again on
-// redelivery, so h itself must tolerate a rare repeat; what SkipSeen removes is the common
-// duplicate (broker redelivery, a relay's re-send). See [idempotency.SkipSeen].
-func SkipSeenAt[T outbox.Payload](o *Outbox, db DB, h consumer.Handler[T]) consumer.Handler[T] {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return idempotency.SkipSeen(in, h)
-}
-
-// IdempotentHTTP is [IdempotentHTTPAt] on the default outbox's tables.
-func IdempotentHTTP(db DB, h idempotency.HTTPTxHandler[pgx.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-	return IdempotentHTTPAt(defaultOutbox, db, h, cfg)
-}
-
-// IdempotentHTTPAt returns an http.Handler that runs h in a transaction on db at most once
-// per Idempotency-Key request header: a retried request that already committed gets the
-// stored response, and publishes nothing new. Write h's rows and Publish its events through
-// tx. See [idempotency.HTTPHandler].
-func IdempotentHTTPAt(o *Outbox, db DB, h idempotency.HTTPTxHandler[pgx.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.FailingHTTP(err)
-	}
-	return idempotency.HTTPHandler(in, h, cfg)
+	return pgConsumer.DeadLetters(pool{db}, o.names), nil
 }
 
 // PruneInbox deletes o's inbox rows (and stored HTTP responses) older than retention, at
@@ -128,19 +61,56 @@ func (o *Outbox) PruneInbox(ctx context.Context, db DB, retention time.Duration,
 	return in.Prune(ctx, retention, limit)
 }
 
-// PruneInbox prunes the default outbox's inbox. See [Outbox.PruneInbox].
-func PruneInbox(ctx context.Context, db DB, retention time.Duration, limit int) (int64, error) {
-	return defaultOutbox.PruneInbox(ctx, db, retention, limit)
-}
-
-// NewDeadLetters returns o's dead-letter table over db: the consumer's Config.DeadLetters,
-// and the API to list, replay and discard.
-func (o *Outbox) NewDeadLetters(db DB) (deadletter.Table, error) {
-	if db == nil {
-		return nil, errors.New("outboxpgx: NewDeadLetters needs a database (a *pgxpool.Pool), got nil")
+// IdempotentHTTP returns an http.Handler that runs h in a transaction on db at most once per
+// Idempotency-Key request header, recording the key in o's inbox: a retried request that
+// already committed gets the stored response, and publishes nothing new. Write h's rows and
+// Publish its events through tx. If db is nil, every request gets a 500. See
+// [idempotency.HTTPHandler].
+func (o *Outbox) IdempotentHTTP(db DB, h idempotency.HTTPTxHandler[pgx.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.FailingHTTP(err)
 	}
-	return pgConsumer.DeadLetters(pool{db}, o.names), nil
+	return idempotency.HTTPHandler(in, h, cfg)
 }
 
-// NewDeadLetters returns the default outbox's dead-letter table. See [Outbox.NewDeadLetters].
-func NewDeadLetters(db DB) (deadletter.Table, error) { return defaultOutbox.NewDeadLetters(db) }
+// Idempotent returns a consumer handler that begins a transaction on db, records (consumer
+// name, event ID) in o's inbox, and runs h in that transaction only if the pair is new; a
+// duplicate delivery commits nothing and is acknowledged. Write h's effects through tx: they
+// commit together with the inbox row, so a crash before commit re-runs h on redelivery and a
+// crash after commit (before the ack) is absorbed by the inbox. If db is nil, the handler
+// fails every event permanently. See [idempotency.Once].
+func Idempotent[T outbox.Payload](o *Outbox, db DB, h TxHandler[T]) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.Once(in, idempotency.TxHandler[pgx.Tx, T](h))
+}
+
+// IdempotentGrouped is [Idempotent] with group commit: events handled at the same time share
+// a transaction, one inbox statement and one commit for up to cfg.MaxEvents events (nil cfg:
+// the defaults). Use it for busy consumers (Concurrency 32 or more) whose h is a few quick
+// statements; h may run more than once for an event, every run but the last rolled back.
+// See [idempotency.Group].
+func IdempotentGrouped[T outbox.Payload](o *Outbox, db DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.NewGroup(in, idempotency.TxHandler[pgx.Tx, T](h), cfg).Handle
+}
+
+// SkipSeen is the at-least-once mode, for handlers whose effects are outside this database
+// (an e-mail, an HTTP call): it skips events the consumer already recorded in o's inbox,
+// runs h, and records the event after h succeeds. A crash between h's success and the record
+// runs h again on redelivery, so h itself must tolerate a rare repeat; what SkipSeen removes
+// is the common duplicate (broker redelivery, a relay's re-send). See
+// [idempotency.SkipSeen].
+func SkipSeen[T outbox.Payload](o *Outbox, db DB, h consumer.Handler[T]) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.SkipSeen(in, h)
+}

@@ -87,10 +87,10 @@ func BenchmarkConsumer(b *testing.B) {
 		{"plain", 32, func(ctx context.Context, e outbox.Event[order]) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, e) })
 		}},
-		{"idempotent", 32, outboxpgx.IdempotentAt(o.Outbox, pool, effect)},
-		{"grouped", 32, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, nil)},
-		{"grouped_1tx", 32, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxTransactions: 1})},
-		{"grouped_c64", 64, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, effect, nil)},
+		{"idempotent", 32, outboxpgx.Idempotent(o.Outbox, pool, effect)},
+		{"grouped", 32, outboxpgx.IdempotentGrouped(o.Outbox, pool, effect, nil)},
+		{"grouped_1tx", 32, outboxpgx.IdempotentGrouped(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxTransactions: 1})},
+		{"grouped_c64", 64, outboxpgx.IdempotentGrouped(o.Outbox, pool, effect, nil)},
 	}
 	rates, cpu := map[string][]float64{}, map[string][]int64{}
 	for round := range rounds {

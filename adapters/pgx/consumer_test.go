@@ -16,91 +16,52 @@ import (
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
-// TestIdempotency runs the idempotency suite through the Outbox's methods and the …At
-// functions, on an outbox in a schema of its own.
+// TestIdempotency runs the idempotency suite on an outbox in a schema of its own.
 func TestIdempotency(t *testing.T) {
 	outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture[pgx.Tx] {
 		o := newTestOutbox(t)
-		f := o.idempotencyFixture(t, o.pool)
-		var err error
-		if f.Store, err = o.NewStore(o.pool); err != nil {
-			t.Fatal(err)
-		}
-		if f.DeadLetters, err = o.NewDeadLetters(o.pool); err != nil {
-			t.Fatal(err)
-		}
-		if f.Inbox, err = o.NewInbox(o.pool); err != nil {
-			t.Fatal(err)
-		}
-		f.Publish = func(ctx context.Context, tx pgx.Tx, events ...outbox.Encodable) error {
-			return o.Publish(ctx, tx, events...)
-		}
-		f.Idempotent = func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxpgx.IdempotentAt(o.Outbox, o.pool, outboxpgx.TxHandler[outboxtest.Note](h))
-		}
-		f.IdempotentGrouped = func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxpgx.IdempotentGroupedAt(o.Outbox, o.pool, outboxpgx.TxHandler[outboxtest.Note](h), cfg)
-		}
-		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxpgx.SkipSeenAt(o.Outbox, o.pool, h)
-		}
-		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[pgx.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-			return outboxpgx.IdempotentHTTPAt(o.Outbox, o.pool, h, cfg)
-		}
-		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-			return o.PruneInbox(ctx, o.pool, retention, limit)
-		}
-		return f
+		return o.idempotencyFixture(t, o.Outbox, o.pool)
 	})
 }
 
-// TestIdempotencyDefaultNames runs the idempotency suite through the package-level
-// functions, on a pool whose search_path is the test's schema.
+// TestIdempotencyDefaultNames runs the idempotency suite through outboxpgx.Default, on a
+// pool whose search_path is the test's schema.
 func TestIdempotencyDefaultNames(t *testing.T) {
 	outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture[pgx.Tx] {
 		o := newTestOutbox(t)
-		pool := o.pt.SearchPathPool(t)
-		f := o.idempotencyFixture(t, pool)
-		var err error
-		if f.Store, err = outboxpgx.NewStore(pool); err != nil {
-			t.Fatal(err)
-		}
-		if f.DeadLetters, err = outboxpgx.NewDeadLetters(pool); err != nil {
-			t.Fatal(err)
-		}
-		if f.Inbox, err = outboxpgx.NewInbox(pool); err != nil {
-			t.Fatal(err)
-		}
-		f.Publish = func(ctx context.Context, tx pgx.Tx, events ...outbox.Encodable) error {
-			return outboxpgx.Publish(ctx, tx, events...)
-		}
-		f.Idempotent = func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxpgx.Idempotent(pool, outboxpgx.TxHandler[outboxtest.Note](h))
-		}
-		f.IdempotentGrouped = func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxpgx.IdempotentGrouped(pool, outboxpgx.TxHandler[outboxtest.Note](h), cfg)
-		}
-		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxpgx.SkipSeen(pool, h)
-		}
-		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[pgx.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-			return outboxpgx.IdempotentHTTP(pool, h, cfg)
-		}
-		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-			return outboxpgx.PruneInbox(ctx, pool, retention, limit)
-		}
-		return f
+		return o.idempotencyFixture(t, outboxpgx.Default, o.pt.SearchPathPool(t))
 	})
 }
 
-// idempotencyFixture returns the suite's fixture without the adapter's verbs: an effects
-// table, and the outbox and inbox read through pool.
-func (o *testOutbox) idempotencyFixture(t *testing.T, pool *pgxpool.Pool) *outboxtest.IdempotencyFixture[pgx.Tx] {
+// idempotencyFixture returns the suite's fixture: ob's verbs over pool (which reaches o's
+// tables through ob's names), an effects table, and the outbox and inbox read through pool.
+func (o *testOutbox) idempotencyFixture(t *testing.T, ob *outboxpgx.Outbox, pool *pgxpool.Pool) *outboxtest.IdempotencyFixture[pgx.Tx] {
 	effects := o.schema + ".effects"
 	if _, err := o.pool.Exec(context.Background(), "CREATE TABLE "+effects+" (id uuid NOT NULL, text text NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
 	return &outboxtest.IdempotencyFixture[pgx.Tx]{
+		Store:       mustStore(t, ob, pool),
+		DeadLetters: must(ob.NewDeadLetters(pool))(t),
+		Inbox:       must(ob.NewInbox(pool))(t),
+		Publish: func(ctx context.Context, tx pgx.Tx, events ...outbox.Encodable) error {
+			return ob.Publish(ctx, tx, events...)
+		},
+		Idempotent: func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxpgx.Idempotent(ob, pool, outboxpgx.TxHandler[outboxtest.Note](h))
+		},
+		IdempotentGrouped: func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxpgx.IdempotentGrouped(ob, pool, outboxpgx.TxHandler[outboxtest.Note](h), cfg)
+		},
+		SkipSeen: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxpgx.SkipSeen(ob, pool, h)
+		},
+		IdempotentHTTP: func(h idempotency.HTTPTxHandler[pgx.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+			return ob.IdempotentHTTP(pool, h, cfg)
+		},
+		PruneInbox: func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return ob.PruneInbox(ctx, pool, retention, limit)
+		},
 		Effect: func(ctx context.Context, tx pgx.Tx, id, text string) error {
 			_, err := tx.Exec(ctx, "INSERT INTO "+effects+" (id, text) VALUES ($1, $2)", id, text)
 			return err
@@ -130,5 +91,16 @@ func (o *testOutbox) idempotencyFixture(t *testing.T, pool *pgxpool.Pool) *outbo
 			_, err := o.pool.Exec(ctx, "DROP SCHEMA "+o.schema+" CASCADE")
 			return err
 		},
+	}
+}
+
+// must returns a function that fails t if err is set, and returns v otherwise.
+func must[V any](v V, err error) func(t *testing.T) V {
+	return func(t *testing.T) V {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
 	}
 }

@@ -32,11 +32,11 @@ func ExampleIdempotentGrouped() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := outboxpgx.Migrate(ctx, pool); err != nil {
+	if err := outboxpgx.Default.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
 
-	dead, err := outboxpgx.NewDeadLetters(pool)
+	dead, err := outboxpgx.Default.NewDeadLetters(pool)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func ExampleIdempotentGrouped() {
 	}
 	// Write only through tx. In a batch, h may run again for an event after a rollback
 	// caused by another event; its rolled-back writes never count, so effects happen once.
-	consumer.Handle(c, outboxpgx.IdempotentGrouped(pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[OrderPaid]) error {
+	consumer.Handle(c, outboxpgx.IdempotentGrouped(outboxpgx.Default, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[OrderPaid]) error {
 		_, err := tx.Exec(ctx, `UPDATE customers SET points = points + $1 WHERE order_id = $2`, e.Payload.Points, e.Payload.OrderID)
 		return err
 	}, nil)) // nil: batches of up to 64 events, at most 2 transactions at once

@@ -146,7 +146,7 @@ func TestMetricsFollowTheEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failedOnce atomic.Bool
-	consumer.Handle(c, outboxpgx.IdempotentAt(o.Outbox, o.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[outboxtest.Note]) error {
+	consumer.Handle(c, outboxpgx.Idempotent(o.Outbox, o.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[outboxtest.Note]) error {
 		switch {
 		case e.Payload.Text == "bad":
 			return outbox.Permanent(errors.New("cannot handle bad"))
@@ -295,9 +295,9 @@ func TestIdempotencyHelpersReportDuplicates(t *testing.T) {
 	o := pgxtest.New(t, "outboxpgx_dups")
 	noop := func(context.Context, pgx.Tx, outbox.Event[outboxtest.Note]) error { return nil }
 	for name, h := range map[string]consumer.Handler[outboxtest.Note]{
-		"idempotent": outboxpgx.IdempotentAt(o.Outbox, o.Pool, noop),
-		"grouped":    outboxpgx.IdempotentGroupedAt(o.Outbox, o.Pool, noop, nil),
-		"skipseen":   outboxpgx.SkipSeenAt(o.Outbox, o.Pool, func(context.Context, outbox.Event[outboxtest.Note]) error { return nil }),
+		"idempotent": outboxpgx.Idempotent(o.Outbox, o.Pool, noop),
+		"grouped":    outboxpgx.IdempotentGrouped(o.Outbox, o.Pool, noop, nil),
+		"skipseen":   outboxpgx.SkipSeen(o.Outbox, o.Pool, func(context.Context, outbox.Event[outboxtest.Note]) error { return nil }),
 	} {
 		t.Run(name, func(t *testing.T) {
 			mp, reader := oteltest.Metrics(t)

@@ -16,9 +16,9 @@ import (
 	"github.com/txoutbox/outbox/outboxtest"
 )
 
-// TestMigrate runs the migration suite through the Outbox's methods (a schema of its own,
-// which Migrate creates) and through the package-level functions (the default names, on a
-// pool whose search_path is the test's schema).
+// TestMigrate runs the migration suite on an Outbox at a schema of its own, which Migrate
+// creates, and on outboxpgx.Default (the default names, on a pool whose search_path is the
+// test's schema).
 func TestMigrate(t *testing.T) {
 	for _, defaults := range []bool{false, true} {
 		name := map[bool]string{false: "Outbox", true: "DefaultNames"}[defaults]
@@ -43,22 +43,8 @@ func TestMigrate(t *testing.T) {
 					t.Fatal(err)
 				}
 				pool := admin
-				f := &outboxtest.MigrateFixture[pgx.Tx]{
-					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, pool) },
-					MigrateTx: o.MigrateTx,
-					Validate:  func(ctx context.Context) error { return o.Validate(ctx, pool) },
-					Migrated: func(ctx context.Context) (bool, int, error) {
-						var exists bool
-						var versions int
-						if err := admin.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schema+".outbox").Scan(&exists); err != nil || !exists {
-							return false, 0, err
-						}
-						err := admin.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox_migrations").Scan(&versions)
-						return true, versions, err
-					},
-					Versions: len(sqlstore.Postgres.Migrations()),
-				}
 				if defaults {
+					o = outboxpgx.Default
 					if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 						t.Fatal(err)
 					}
@@ -71,11 +57,23 @@ func TestMigrate(t *testing.T) {
 						t.Fatal(err)
 					}
 					t.Cleanup(pool.Close)
-					f.Migrate = func(ctx context.Context) error { return outboxpgx.Migrate(ctx, pool) }
-					f.MigrateTx = outboxpgx.MigrateTx
-					f.Validate = func(ctx context.Context) error { return outboxpgx.Validate(ctx, pool) }
 				}
-				f.InTx = func(ctx context.Context, fn func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, pool, fn) }
+				f := &outboxtest.MigrateFixture[pgx.Tx]{
+					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, pool) },
+					MigrateTx: o.MigrateTx,
+					Validate:  func(ctx context.Context) error { return o.Validate(ctx, pool) },
+					InTx:      func(ctx context.Context, fn func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, pool, fn) },
+					Migrated: func(ctx context.Context) (bool, int, error) {
+						var exists bool
+						var versions int
+						if err := admin.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", schema+".outbox").Scan(&exists); err != nil || !exists {
+							return false, 0, err
+						}
+						err := admin.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox_migrations").Scan(&versions)
+						return true, versions, err
+					},
+					Versions: len(sqlstore.Postgres.Migrations()),
+				}
 				return f
 			})
 		})

@@ -202,9 +202,9 @@ func consumerSurvivesDatabaseOutage(t *testing.T, grouped bool) {
 		return nil
 	}
 	if grouped {
-		consumer.Handle(c, outboxpgx.IdempotentGroupedAt(o.Outbox, pool, h, nil))
+		consumer.Handle(c, outboxpgx.IdempotentGrouped(o.Outbox, pool, h, nil))
 	} else {
-		consumer.Handle(c, outboxpgx.IdempotentAt(o.Outbox, pool, h))
+		consumer.Handle(c, outboxpgx.Idempotent(o.Outbox, pool, h))
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error)

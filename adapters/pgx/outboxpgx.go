@@ -1,6 +1,17 @@
 // Package outboxpgx stores txoutbox events in PostgreSQL through pgx v5: Publish writes them
-// in the caller's pgx transaction (one round trip for one event, COPY for many), and NewStore
-// gives the relay its leased claims over a pgxpool.Pool.
+// in the caller's pgx transaction (one round trip for one event, COPY for many), NewStore
+// gives the relay its leased claims over a pgxpool.Pool, and Idempotent runs a consumer's
+// handler in a transaction that also records the event in the inbox.
+//
+// Every verb goes through an [Outbox]: [Default] for the default table names, or one from
+// [New] for others.
+//
+//	err := outboxpgx.Default.Publish(ctx, tx, outbox.New(OrderPlaced{ID: id}))
+//	billing, err := outboxpgx.New(outbox.Tables{Schema: "billing"})
+//	h := outboxpgx.Idempotent(billing, pool, handle)
+//
+// outboxgorm, outboxbun and outboxsql have the same verbs, with the same names, arguments
+// (each library's own handles) and results.
 package outboxpgx
 
 import (
@@ -33,13 +44,21 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Outbox is an outbox at configured table names. The package-level functions use the
-// default names (table "outbox" in the search_path's schema).
+// Outbox is an outbox at one set of table names, and every verb of this package goes
+// through one: [Default] is the outbox at the default names, [New] makes one at others. The
+// verbs that are generic over the event type ([Idempotent], [IdempotentGrouped],
+// [SkipSeen]) are functions that take the Outbox first, since Go methods cannot have type
+// parameters; the others are its methods. An Outbox is immutable and safe for concurrent
+// use.
 type Outbox struct {
 	names *sqlstore.Names
 }
 
-// New validates t and returns an outbox at those names.
+// Default is the outbox at the default table names: "outbox", "outbox_dead_letters",
+// "outbox_inbox"… in the schema of the connection's search_path.
+var Default = mustNew(outbox.Tables{})
+
+// New validates t and returns the outbox at those names.
 func New(t outbox.Tables) (*Outbox, error) {
 	n, err := sqlstore.NewNames(sqlstore.Postgres, t)
 	if err != nil {
@@ -48,30 +67,13 @@ func New(t outbox.Tables) (*Outbox, error) {
 	return &Outbox{names: n}, nil
 }
 
-var defaultOutbox = func() *Outbox {
-	o, err := New(outbox.Tables{})
+func mustNew(t outbox.Tables) *Outbox {
+	o, err := New(t)
 	if err != nil {
 		panic(err)
 	}
 	return o
-}()
-
-// Publish writes events to the default outbox inside tx. See [Outbox.Publish].
-func Publish(ctx context.Context, tx Tx, events ...outbox.Encodable) error {
-	return defaultOutbox.Publish(ctx, tx, events...)
 }
-
-// Migrate creates or upgrades the default outbox's tables. See [Outbox.Migrate].
-func Migrate(ctx context.Context, db DB) error { return defaultOutbox.Migrate(ctx, db) }
-
-// MigrateTx creates or upgrades the default outbox's tables inside tx. See [Outbox.MigrateTx].
-func MigrateTx(ctx context.Context, tx pgx.Tx) error { return defaultOutbox.MigrateTx(ctx, tx) }
-
-// NewStore returns the relay store of the default outbox. See [Outbox.NewStore].
-func NewStore(db DB) (outboxdriver.Store, error) { return defaultOutbox.NewStore(db) }
-
-// Validate checks the default outbox's tables. See [Outbox.Validate].
-func Validate(ctx context.Context, db DB) error { return defaultOutbox.Validate(ctx, db) }
 
 // copyThreshold is the batch size from which COPY beats a multi-row INSERT: COPY costs an
 // extra round trip to describe the table, repaid from a few dozen rows on.

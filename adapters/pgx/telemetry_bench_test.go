@@ -125,7 +125,7 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			consumer.Handle(c, outboxpgx.IdempotentAt(o.Outbox, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[order]) error {
+			consumer.Handle(c, outboxpgx.Idempotent(o.Outbox, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[order]) error {
 				_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, $2)", e.ID, e.Payload.Total)
 				return err
 			}))

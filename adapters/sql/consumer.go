@@ -18,15 +18,6 @@ import (
 // TxHandler handles an event inside the transaction that also records it in the inbox.
 type TxHandler[T outbox.Payload] func(ctx context.Context, tx *sql.Tx, e outbox.Event[T]) error
 
-// NewInbox returns dialect d's default inbox over db. See [Outbox.NewInbox].
-func NewInbox(d Dialect, db *sql.DB) (idempotency.Inbox[*sql.Tx], error) {
-	o, err := defaultOutbox(d)
-	if err != nil {
-		return nil, err
-	}
-	return o.NewInbox(db)
-}
-
 // NewInbox returns o's idempotency-key table (the inbox) over db, for recording keys in your
 // own transactions, counting them and pruning them; Idempotent, IdempotentGrouped, SkipSeen
 // and IdempotentHTTP are built on it. Its transactions are db.BeginTx's, at the driver's
@@ -68,116 +59,6 @@ func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) (err error) {
 	return tx.Commit()
 }
 
-// Idempotent makes h's database effects happen exactly once per (consumer, event ID) in
-// dialect d's default inbox. See [IdempotentAt].
-func Idempotent[T outbox.Payload](d Dialect, db *sql.DB, h TxHandler[T]) consumer.Handler[T] {
-	o, err := defaultOutbox(d)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return IdempotentAt(o, db, h)
-}
-
-// IdempotentAt returns a consumer handler that begins a transaction on db, records (consumer
-// name, event ID) in o's inbox, and runs h in that transaction only if the pair is new; a
-// duplicate delivery commits nothing and is acknowledged. Write h's effects through tx:
-// they commit together with the inbox row, so a crash before commit re-runs h on
-// redelivery and a crash after commit (before the ack) is absorbed by the inbox. See
-// [idempotency.Once].
-func IdempotentAt[T outbox.Payload](o *Outbox, db *sql.DB, h TxHandler[T]) consumer.Handler[T] {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return idempotency.Once(in, idempotency.TxHandler[*sql.Tx, T](h))
-}
-
-// IdempotentGrouped is [IdempotentGroupedAt] on dialect d's default inbox.
-func IdempotentGrouped[T outbox.Payload](d Dialect, db *sql.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
-	o, err := defaultOutbox(d)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return IdempotentGroupedAt(o, db, h, cfg)
-}
-
-// IdempotentGroupedAt is [IdempotentAt] with group commit: events handled at the same time
-// share a transaction, one inbox statement and one commit for up to cfg.MaxEvents events.
-// Use it for busy consumers (Concurrency 32 or more) whose h is a few quick statements; h
-// may run more than once for an event, every run but the last rolled back. See
-// [idempotency.Group].
-func IdempotentGroupedAt[T outbox.Payload](o *Outbox, db *sql.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return idempotency.NewGroup(in, idempotency.TxHandler[*sql.Tx, T](h), cfg).Handle
-}
-
-// SkipSeen is the at-least-once mode for handlers whose effects are outside this database
-// (an e-mail, an HTTP call), on dialect d's default inbox. See [SkipSeenAt].
-func SkipSeen[T outbox.Payload](d Dialect, db *sql.DB, h consumer.Handler[T]) consumer.Handler[T] {
-	o, err := defaultOutbox(d)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return SkipSeenAt(o, db, h)
-}
-
-// SkipSeenAt skips events the consumer already recorded in o's inbox, runs h, and records
-// the event after h succeeds. A crash between h's success and the record runs h again on
-// redelivery, so h itself must tolerate a rare repeat; what SkipSeen removes is the common
-// duplicate (broker redelivery, a relay's re-send). See [idempotency.SkipSeen].
-func SkipSeenAt[T outbox.Payload](o *Outbox, db *sql.DB, h consumer.Handler[T]) consumer.Handler[T] {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return idempotency.SkipSeen(in, h)
-}
-
-// IdempotentHTTP is [IdempotentHTTPAt] on dialect d's default tables.
-func IdempotentHTTP(d Dialect, db *sql.DB, h idempotency.HTTPTxHandler[*sql.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-	o, err := defaultOutbox(d)
-	if err != nil {
-		return sqlstore.FailingHTTP(err)
-	}
-	return IdempotentHTTPAt(o, db, h, cfg)
-}
-
-// IdempotentHTTPAt returns an http.Handler that runs h in a transaction on db at most once
-// per Idempotency-Key request header: a retried request that already committed gets the
-// stored response, and publishes nothing new. Write h's rows and Publish its events through
-// tx. See [idempotency.HTTPHandler].
-func IdempotentHTTPAt(o *Outbox, db *sql.DB, h idempotency.HTTPTxHandler[*sql.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.FailingHTTP(err)
-	}
-	return idempotency.HTTPHandler(in, h, cfg)
-}
-
-// PruneInbox deletes o's inbox rows (and stored HTTP responses) older than retention, at
-// most limit per call, and returns how many inbox rows it deleted. Keep retention longer
-// than the longest redelivery horizon: a pruned key no longer absorbs a duplicate. Call it
-// periodically from one instance.
-func (o *Outbox) PruneInbox(ctx context.Context, db *sql.DB, retention time.Duration, limit int) (int64, error) {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return 0, err
-	}
-	return in.Prune(ctx, retention, limit)
-}
-
-// PruneInbox prunes dialect d's default inbox. See [Outbox.PruneInbox].
-func PruneInbox(ctx context.Context, d Dialect, db *sql.DB, retention time.Duration, limit int) (int64, error) {
-	o, err := defaultOutbox(d)
-	if err != nil {
-		return 0, err
-	}
-	return o.PruneInbox(ctx, db, retention, limit)
-}
-
 // NewDeadLetters returns o's dead-letter table over db: the consumer's Config.DeadLetters,
 // and the API to list, replay and discard.
 func (o *Outbox) NewDeadLetters(db *sql.DB) (deadletter.Table, error) {
@@ -187,11 +68,69 @@ func (o *Outbox) NewDeadLetters(db *sql.DB) (deadletter.Table, error) {
 	return o.d.(sqlstore.ConsumerDialect).DeadLetters(sqlstore.StdDB(db), o.names), nil
 }
 
-// NewDeadLetters returns dialect d's default dead-letter table. See [Outbox.NewDeadLetters].
-func NewDeadLetters(d Dialect, db *sql.DB) (deadletter.Table, error) {
-	o, err := defaultOutbox(d)
+// PruneInbox deletes o's inbox rows (and stored HTTP responses) older than retention, at
+// most limit per call, and returns how many inbox rows it deleted. Keep retention longer
+// than the longest redelivery horizon (MaxAttempts × the longest backoff, plus the relay's):
+// a pruned key no longer absorbs a duplicate. Call it periodically from one instance, e.g.
+// every minute with limit 10,000.
+func (o *Outbox) PruneInbox(ctx context.Context, db *sql.DB, retention time.Duration, limit int) (int64, error) {
+	in, err := o.NewInbox(db)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	return o.NewDeadLetters(db)
+	return in.Prune(ctx, retention, limit)
+}
+
+// IdempotentHTTP returns an http.Handler that runs h in a transaction on db at most once per
+// Idempotency-Key request header, recording the key in o's inbox: a retried request that
+// already committed gets the stored response, and publishes nothing new. Write h's rows and
+// Publish its events through tx. If db is nil, every request gets a 500. See
+// [idempotency.HTTPHandler].
+func (o *Outbox) IdempotentHTTP(db *sql.DB, h idempotency.HTTPTxHandler[*sql.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.FailingHTTP(err)
+	}
+	return idempotency.HTTPHandler(in, h, cfg)
+}
+
+// Idempotent returns a consumer handler that begins a transaction on db, records (consumer
+// name, event ID) in o's inbox, and runs h in that transaction only if the pair is new; a
+// duplicate delivery commits nothing and is acknowledged. Write h's effects through tx: they
+// commit together with the inbox row, so a crash before commit re-runs h on redelivery and a
+// crash after commit (before the ack) is absorbed by the inbox. If db is nil, the handler
+// fails every event permanently. See [idempotency.Once].
+func Idempotent[T outbox.Payload](o *Outbox, db *sql.DB, h TxHandler[T]) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.Once(in, idempotency.TxHandler[*sql.Tx, T](h))
+}
+
+// IdempotentGrouped is [Idempotent] with group commit: events handled at the same time share
+// a transaction, one inbox statement and one commit for up to cfg.MaxEvents events (nil cfg:
+// the defaults). Use it for busy consumers (Concurrency 32 or more) whose h is a few quick
+// statements; h may run more than once for an event, every run but the last rolled back.
+// See [idempotency.Group].
+func IdempotentGrouped[T outbox.Payload](o *Outbox, db *sql.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.NewGroup(in, idempotency.TxHandler[*sql.Tx, T](h), cfg).Handle
+}
+
+// SkipSeen is the at-least-once mode, for handlers whose effects are outside this database
+// (an e-mail, an HTTP call): it skips events the consumer already recorded in o's inbox,
+// runs h, and records the event after h succeeds. A crash between h's success and the record
+// runs h again on redelivery, so h itself must tolerate a rare repeat; what SkipSeen removes
+// is the common duplicate (broker redelivery, a relay's re-send). See
+// [idempotency.SkipSeen].
+func SkipSeen[T outbox.Payload](o *Outbox, db *sql.DB, h consumer.Handler[T]) consumer.Handler[T] {
+	in, err := o.NewInbox(db)
+	if err != nil {
+		return sqlstore.Failing[T](err)
+	}
+	return idempotency.SkipSeen(in, h)
 }

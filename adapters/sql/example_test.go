@@ -42,8 +42,9 @@ func Example() {
 	}
 	defer db.Close()
 
-	// database/sql cannot tell the dialect: the package-level functions take it first.
-	if err := outboxsql.Migrate(ctx, outboxsql.SQLite, db); err != nil {
+	// database/sql cannot tell the dialect: outboxsql.SQLite is the SQLite outbox at the
+	// default table names (outboxsql.Postgres and outboxsql.MySQL are the others').
+	if err := outboxsql.SQLite.Migrate(ctx, db); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, "CREATE TABLE files (id TEXT PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
@@ -59,7 +60,7 @@ func Example() {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO files (id, name) VALUES (?, ?)", "f-1", "report.csv"); err != nil {
 		log.Fatal(err)
 	}
-	if err := outboxsql.Publish(ctx, outboxsql.SQLite, tx, outbox.New(FileUploaded{FileID: "f-1"}, outbox.WithKey("f-1"))); err != nil {
+	if err := outboxsql.SQLite.Publish(ctx, tx, outbox.New(FileUploaded{FileID: "f-1"}, outbox.WithKey("f-1"))); err != nil {
 		log.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -67,16 +68,16 @@ func Example() {
 	}
 
 	// Relay: normally `go relay.Run(ctx)` next to a real transport.
-	store, err := outboxsql.NewStore(outboxsql.SQLite, db)
+	store, err := outboxsql.SQLite.NewStore(db)
 	if err != nil {
 		log.Fatal(err)
 	}
 	queue := outboxmemory.New(nil)
-	relay, err := relay.New(store, queue, nil)
+	r, err := relay.New(store, queue, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := relay.RunOnce(ctx); err != nil {
+	if _, err := r.RunOnce(ctx); err != nil {
 		log.Fatal(err)
 	}
 	for _, m := range queue.Sent() {
@@ -95,7 +96,7 @@ func (OrderCreated) EventType() string { return "orders.created" }
 // An HTTP handler that creates an order and publishes its event runs once per
 // Idempotency-Key: the client's retry gets the stored response, and no second order or
 // event is written.
-func ExampleIdempotentHTTP() {
+func ExampleOutbox_IdempotentHTTP() {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "outboxsql-example")
 	if err != nil {
@@ -107,21 +108,21 @@ func ExampleIdempotentHTTP() {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	if err := outboxsql.Migrate(ctx, outboxsql.SQLite, db); err != nil {
+	if err := outboxsql.SQLite.Migrate(ctx, db); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)"); err != nil {
 		log.Fatal(err)
 	}
 
-	createOrder := outboxsql.IdempotentHTTP(outboxsql.SQLite, db, func(w http.ResponseWriter, r *http.Request, tx *sql.Tx) error {
+	createOrder := outboxsql.SQLite.IdempotentHTTP(db, func(w http.ResponseWriter, r *http.Request, tx *sql.Tx) error {
 		res, err := tx.ExecContext(r.Context(), "INSERT INTO orders (item) VALUES (?)", r.FormValue("item"))
 		if err != nil {
 			return err
 		}
 		id, _ := res.LastInsertId()
 		orderID := fmt.Sprintf("order-%d", id)
-		if err := outboxsql.Publish(r.Context(), outboxsql.SQLite, tx, outbox.New(OrderCreated{OrderID: orderID}, outbox.WithKey(orderID))); err != nil {
+		if err := outboxsql.SQLite.Publish(r.Context(), tx, outbox.New(OrderCreated{OrderID: orderID}, outbox.WithKey(orderID))); err != nil {
 			return err
 		}
 		w.WriteHeader(http.StatusCreated)

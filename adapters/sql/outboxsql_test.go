@@ -35,7 +35,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // dialects are the databases every test runs on, with the driver each opens.
 var dialects = []struct {
 	name    string
-	dialect outboxsql.Dialect
+	dialect *outboxsql.Outbox // the dialect's outbox at the default names
 	driver  string
 }{
 	{"postgres", outboxsql.Postgres, "pgx"},
@@ -48,13 +48,17 @@ type testOutbox struct {
 	*sqlstoretest.Target
 }
 
-// newTestOutbox migrates a fresh outbox of dialect d (see sqlstoretest.New).
-func newTestOutbox(t testing.TB, name string, d outboxsql.Dialect, driver string) *testOutbox {
+// newTestOutbox migrates a fresh outbox of d's dialect (see sqlstoretest.New): d itself
+// where the outbox has the default names (SQLite), one from New otherwise.
+func newTestOutbox(t testing.TB, name string, d *outboxsql.Outbox, driver string) *testOutbox {
 	t.Helper()
 	tg := sqlstoretest.New(t, name, func(dsn string) (*sql.DB, error) { return sql.Open(driver, dsn) })
-	o, err := outboxsql.New(d, tg.Tables)
-	if err != nil {
-		t.Fatal(err)
+	o := d
+	if !tg.DefaultNames() {
+		var err error
+		if o, err = outboxsql.New(d, tg.Tables); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := o.Migrate(context.Background(), tg.DB); err != nil {
 		t.Fatal(err)
@@ -209,21 +213,24 @@ func rebind(dialect, query string) string {
 	return b.String()
 }
 
-// TestMigrate runs the migration suite on every dialect, through the package-level
-// functions where the outbox has the default names (SQLite).
+// TestMigrate runs the migration suite on every dialect, through the dialect's default
+// outbox where the outbox has the default names (SQLite).
 func TestMigrate(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			outboxtest.ExerciseMigrate(t, func(t *testing.T) *outboxtest.MigrateFixture[*sql.Tx] {
 				tg := sqlstoretest.New(t, d.name, func(dsn string) (*sql.DB, error) { return sql.Open(d.driver, dsn) })
-				o, err := outboxsql.New(d.dialect, tg.Tables)
-				if err != nil {
-					t.Fatal(err)
+				o := d.dialect
+				if !tg.DefaultNames() {
+					var err error
+					if o, err = outboxsql.New(d.dialect, tg.Tables); err != nil {
+						t.Fatal(err)
+					}
 				}
-				f := &outboxtest.MigrateFixture[*sql.Tx]{
+				return &outboxtest.MigrateFixture[*sql.Tx]{
 					Migrate:   func(ctx context.Context) error { return o.Migrate(ctx, tg.DB) },
-					MigrateTx: func(ctx context.Context, tx *sql.Tx) error { return o.MigrateTx(ctx, tx) },
+					MigrateTx: o.MigrateTx,
 					Validate:  func(ctx context.Context) error { return o.Validate(ctx, tg.DB) },
 					InTx: func(ctx context.Context, fn func(*sql.Tx) error) error {
 						tx, err := tg.DB.BeginTx(ctx, nil)
@@ -239,29 +246,19 @@ func TestMigrate(t *testing.T) {
 					Versions:   tg.Versions(),
 					DDLCommits: d.name == "mysql",
 				}
-				if tg.DefaultNames() {
-					f.Migrate = func(ctx context.Context) error { return outboxsql.Migrate(ctx, d.dialect, tg.DB) }
-					f.MigrateTx = func(ctx context.Context, tx *sql.Tx) error { return outboxsql.MigrateTx(ctx, d.dialect, tx) }
-					f.Validate = func(ctx context.Context) error { return outboxsql.Validate(ctx, d.dialect, tg.DB) }
-				}
-				return f
 			})
 		})
 	}
 }
 
 func TestPublishNeedsATransaction(t *testing.T) {
-	o, err := outboxsql.New(outboxsql.SQLite, outbox.Tables{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Publish(context.Background(), nil, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
+	if err := outboxsql.SQLite.Publish(context.Background(), nil, outbox.New(OrderPlaced{1})); !errors.Is(err, outbox.ErrNotInTransaction) {
 		t.Fatalf("Publish(nil tx) = %v, want ErrNotInTransaction", err)
 	}
 }
 
 func TestNewValidates(t *testing.T) {
-	if _, err := outboxsql.New(outboxsql.Dialect{}, outbox.Tables{}); err == nil {
+	if _, err := outboxsql.New(nil, outbox.Tables{}); err == nil {
 		t.Error("New without a dialect succeeded")
 	}
 	if _, err := outboxsql.New(outboxsql.MySQL, outbox.Tables{Outbox: "out; DROP TABLE x"}); err == nil {
@@ -331,20 +328,20 @@ func TestLargeBatchSplitsStatements(t *testing.T) {
 	}
 }
 
-// TestIdempotency runs the idempotency suite on every dialect: through the package-level
-// functions where the outbox has the default names (SQLite), through the Outbox's otherwise.
+// TestIdempotency runs the idempotency suite on every dialect: through the dialect's default
+// outbox where the outbox has the default names (SQLite), through one from New otherwise.
 func TestIdempotency(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			outboxtest.ExerciseIdempotency(t, func(t *testing.T) *outboxtest.IdempotencyFixture[*sql.Tx] {
-				return newTestOutbox(t, d.name, d.dialect, d.driver).idempotencyFixture(t, d.dialect)
+				return newTestOutbox(t, d.name, d.dialect, d.driver).idempotencyFixture(t)
 			})
 		})
 	}
 }
 
-func (o *testOutbox) idempotencyFixture(t *testing.T, d outboxsql.Dialect) *outboxtest.IdempotencyFixture[*sql.Tx] {
+func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFixture[*sql.Tx] {
 	effects := o.EffectsTable(t)
 	insert := o.Rebind("INSERT INTO " + effects + " (id, text) VALUES (?, ?)")
 	f := &outboxtest.IdempotencyFixture[*sql.Tx]{
@@ -357,60 +354,32 @@ func (o *testOutbox) idempotencyFixture(t *testing.T, d outboxsql.Dialect) *outb
 		AgeInbox:  o.AgeInbox,
 		SQL:       o.RawSQL(),
 		Unmigrate: o.Unmigrate,
+		Publish: func(ctx context.Context, tx *sql.Tx, events ...outbox.Encodable) error {
+			return o.Publish(ctx, tx, events...)
+		},
+		Idempotent: func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxsql.Idempotent(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h))
+		},
+		IdempotentGrouped: func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxsql.IdempotentGrouped(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h), cfg)
+		},
+		SkipSeen: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxsql.SkipSeen(o.Outbox, o.DB, h)
+		},
+		IdempotentHTTP: func(h idempotency.HTTPTxHandler[*sql.Tx], cfg *idempotency.HTTPConfig) http.Handler {
+			return o.IdempotentHTTP(o.DB, h, cfg)
+		},
+		PruneInbox: func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+			return o.PruneInbox(ctx, o.DB, retention, limit)
+		},
 	}
 	var err error
-	if o.DefaultNames() {
-		f.Store, err = outboxsql.NewStore(d, o.DB)
-		if err == nil {
-			f.DeadLetters, err = outboxsql.NewDeadLetters(d, o.DB)
-		}
-		if err == nil {
-			f.Inbox, err = outboxsql.NewInbox(d, o.DB)
-		}
-		f.Publish = func(ctx context.Context, tx *sql.Tx, events ...outbox.Encodable) error {
-			return outboxsql.Publish(ctx, d, tx, events...)
-		}
-		f.Idempotent = func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxsql.Idempotent(d, o.DB, outboxsql.TxHandler[outboxtest.Note](h))
-		}
-		f.IdempotentGrouped = func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxsql.IdempotentGrouped(d, o.DB, outboxsql.TxHandler[outboxtest.Note](h), cfg)
-		}
-		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxsql.SkipSeen(d, o.DB, h)
-		}
-		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[*sql.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-			return outboxsql.IdempotentHTTP(d, o.DB, h, cfg)
-		}
-		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-			return outboxsql.PruneInbox(ctx, d, o.DB, retention, limit)
-		}
-	} else {
-		f.Store, err = o.NewStore(o.DB)
-		if err == nil {
-			f.DeadLetters, err = o.NewDeadLetters(o.DB)
-		}
-		if err == nil {
-			f.Inbox, err = o.NewInbox(o.DB)
-		}
-		f.Publish = func(ctx context.Context, tx *sql.Tx, events ...outbox.Encodable) error {
-			return o.Publish(ctx, tx, events...)
-		}
-		f.Idempotent = func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxsql.IdempotentAt(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h))
-		}
-		f.IdempotentGrouped = func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxsql.IdempotentGroupedAt(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h), cfg)
-		}
-		f.SkipSeen = func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxsql.SkipSeenAt(o.Outbox, o.DB, h)
-		}
-		f.IdempotentHTTP = func(h idempotency.HTTPTxHandler[*sql.Tx], cfg *idempotency.HTTPConfig) http.Handler {
-			return outboxsql.IdempotentHTTPAt(o.Outbox, o.DB, h, cfg)
-		}
-		f.PruneInbox = func(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-			return o.PruneInbox(ctx, o.DB, retention, limit)
-		}
+	f.Store, err = o.NewStore(o.DB)
+	if err == nil {
+		f.DeadLetters, err = o.NewDeadLetters(o.DB)
+	}
+	if err == nil {
+		f.Inbox, err = o.NewInbox(o.DB)
 	}
 	if err != nil {
 		t.Fatal(err)

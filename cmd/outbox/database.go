@@ -161,7 +161,7 @@ func (a *app) open(ctx context.Context, f dbFlags, create bool) (*store, error) 
 	if err != nil {
 		return nil, err
 	}
-	d := map[string]outboxsql.Dialect{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}[t.dialect.Name()]
+	d := map[string]*outboxsql.Outbox{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}[t.dialect.Name()]
 	o, err := outboxsql.New(d, f.tables())
 	if err != nil {
 		return nil, usagef("--schema, --table: %v", err)

@@ -25,7 +25,7 @@ import (
 // dialects are the databases every command is tested on.
 var dialects = []struct {
 	name    string
-	dialect outboxsql.Dialect
+	dialect *outboxsql.Outbox
 	driver  string
 }{
 	{"postgres", outboxsql.Postgres, "pgx"},
@@ -52,7 +52,7 @@ type testDB struct {
 	flags  []string
 }
 
-func newTestDB(t *testing.T, name string, d outboxsql.Dialect, driver string) *testDB {
+func newTestDB(t *testing.T, name string, d *outboxsql.Outbox, driver string) *testDB {
 	t.Helper()
 	tg := sqlstoretest.New(t, name, func(dsn string) (*sql.DB, error) { return sql.Open(driver, dsn) })
 	o, err := outboxsql.New(d, tg.Tables)

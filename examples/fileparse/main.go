@@ -109,7 +109,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	if err := box.Migrate(db); err != nil { // creates the schema too
+	if err := box.Migrate(ctx, db); err != nil { // creates the schema too
 		return err
 	}
 	defer sqlDB.Exec("DROP SCHEMA " + schema + " CASCADE")
@@ -157,7 +157,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	parse := outboxgorm.IdempotentAt(box, db, func(ctx context.Context, tx *gorm.DB, e outbox.Event[ParseRequested]) error {
+	parse := outboxgorm.Idempotent(box, db, func(ctx context.Context, tx *gorm.DB, e outbox.Event[ParseRequested]) error {
 		var file SourceFile
 		if err := tx.First(&file, "id = ?", e.Payload.SourceFileID).Error; err != nil {
 			return err
@@ -215,7 +215,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 			if err := tx.Create(&task).Error; err != nil {
 				return err
 			}
-			return box.Publish(tx, outbox.New(ParseRequested{TaskID: task.ID, SourceFileID: file.ID}, outbox.WithKey(file.ID)))
+			return box.Publish(r.Context(), tx, outbox.New(ParseRequested{TaskID: task.ID, SourceFileID: file.ID}, outbox.WithKey(file.ID)))
 		})
 		var pgErr *pgconn.PgError
 		switch {

@@ -142,7 +142,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	// Two shipping workers in one consumer group share the partitions. Each ships an order
 	// in one transaction with its inbox row, so a redelivered event ships nothing twice.
 	// bob's first order, o-02, fails once, as if the label printer jammed.
-	ship := outboxsql.IdempotentAt(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[OrderPlaced]) error {
+	ship := outboxsql.Idempotent(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[OrderPlaced]) error {
 		_, err := tx.ExecContext(ctx, q("INSERT INTO "+shipments+" (order_id, customer) VALUES (?, ?)"), e.Payload.OrderID, e.Payload.Customer)
 		return err
 	})
@@ -310,8 +310,8 @@ func suffix() string {
 	return hex.EncodeToString(b)
 }
 
-// open connects to the chosen database.
-func open(kind, dsn string) (*sql.DB, outboxsql.Dialect, func(), error) {
+// open connects to the chosen database and returns its dialect (outboxsql.SQLite…).
+func open(kind, dsn string) (*sql.DB, *outboxsql.Outbox, func(), error) {
 	nothing := func() {}
 	switch kind {
 	case "sqlite":
@@ -319,7 +319,7 @@ func open(kind, dsn string) (*sql.DB, outboxsql.Dialect, func(), error) {
 		if dsn == "" {
 			var err error
 			if dir, err = os.MkdirTemp("", "txoutbox-kafka-"); err != nil {
-				return nil, outboxsql.Dialect{}, nothing, err
+				return nil, nil, nothing, err
 			}
 			// WAL and a busy timeout let the producer, relay and workers share the file;
 			// immediate transactions take the write lock up front instead of failing midway.
@@ -337,11 +337,11 @@ func open(kind, dsn string) (*sql.DB, outboxsql.Dialect, func(), error) {
 		db, err := sql.Open("pgx", dsn)
 		return db, outboxsql.Postgres, func() { db.Close() }, err
 	}
-	return nil, outboxsql.Dialect{}, nothing, fmt.Errorf("-db %q: want sqlite or postgres", kind)
+	return nil, nil, nothing, fmt.Errorf("-db %q: want sqlite or postgres", kind)
 }
 
 // placeholders returns a function that turns "?" placeholders into the dialect's.
-func placeholders(d outboxsql.Dialect) func(string) string {
+func placeholders(d *outboxsql.Outbox) func(string) string {
 	if d != outboxsql.Postgres {
 		return func(s string) string { return s }
 	}
@@ -362,7 +362,7 @@ func placeholders(d outboxsql.Dialect) func(string) string {
 
 // dropAll removes the example's tables from a server database (an embedded file is
 // deleted whole).
-func dropAll(db *sql.DB, d outboxsql.Dialect, name string) {
+func dropAll(db *sql.DB, d *outboxsql.Outbox, name string) {
 	if d == outboxsql.SQLite {
 		return
 	}

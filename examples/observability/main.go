@@ -174,7 +174,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	consumer.Handle(c, outboxpgx.IdempotentAt(box, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[OrderPlaced]) error {
+	consumer.Handle(c, outboxpgx.Idempotent(box, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[OrderPlaced]) error {
 		ctx, span := otel.Tracer("inventory").Start(ctx, "reserve stock")
 		defer span.End()
 		span.SetAttributes(attribute.String("order.id", e.Payload.OrderID))

@@ -1,6 +1,6 @@
 // Command orders is an order service whose status changes must reach the loyalty service,
 // over an SQS FIFO queue. Each status change is an UPDATE of the order and an
-// outboxsql.Publish in one *sql.Tx; the relay sends the events to SQS with the order ID as
+// Outbox.Publish in one *sql.Tx; the relay sends the events to SQS with the order ID as
 // MessageGroupId, so each order's events arrive in order; the loyalty service awards points
 // through the inbox, so a redelivered "completed" never awards them twice.
 //
@@ -124,7 +124,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	award := outboxsql.IdempotentAt(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[OrderStatusChanged]) error {
+	award := outboxsql.Idempotent(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[OrderStatusChanged]) error {
 		o := e.Payload
 		if _, err := tx.ExecContext(ctx, "INSERT INTO order_timeline (order_id, status) VALUES ($1, $2)", o.OrderID, o.Status); err != nil {
 			return err

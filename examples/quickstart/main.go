@@ -63,7 +63,7 @@ func run(w io.Writer, kind, dsn string) error {
 		return err
 	}
 	defer cleanup()
-	fmt.Fprintf(w, "txoutbox quickstart: %s + in-memory transport\n", dialect)
+	fmt.Fprintf(w, "txoutbox quickstart: %s + in-memory transport\n", kind)
 
 	// A private table name per run, so the demo never meets rows of an earlier one.
 	name := fmt.Sprintf("quickstart_%d", time.Now().UnixNano()%1e9)
@@ -101,7 +101,7 @@ func run(w io.Writer, kind, dsn string) error {
 	if err != nil {
 		return err
 	}
-	consumer.Handle(worker, outboxsql.IdempotentAt(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[ParseRequested]) error {
+	consumer.Handle(worker, outboxsql.Idempotent(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[ParseRequested]) error {
 		_, err := tx.ExecContext(ctx, q("UPDATE "+tasks+" SET status = 'done', parses = parses + 1 WHERE id = ?"), e.Payload.TaskID)
 		return err
 	}))
@@ -197,8 +197,8 @@ func run(w io.Writer, kind, dsn string) error {
 	return nil
 }
 
-// open connects to the chosen database.
-func open(kind, dsn string) (*sql.DB, outboxsql.Dialect, func(), error) {
+// open connects to the chosen database and returns its dialect (outboxsql.SQLite…).
+func open(kind, dsn string) (*sql.DB, *outboxsql.Outbox, func(), error) {
 	nothing := func() {}
 	switch kind {
 	case "sqlite":
@@ -206,7 +206,7 @@ func open(kind, dsn string) (*sql.DB, outboxsql.Dialect, func(), error) {
 		if dsn == "" {
 			var err error
 			if dir, err = os.MkdirTemp("", "txoutbox-quickstart-"); err != nil {
-				return nil, outboxsql.Dialect{}, nothing, err
+				return nil, nil, nothing, err
 			}
 			// WAL and a busy timeout let the producer, relay and worker share the file;
 			// immediate transactions take the write lock up front instead of failing midway.
@@ -227,7 +227,7 @@ func open(kind, dsn string) (*sql.DB, outboxsql.Dialect, func(), error) {
 		db, err := sql.Open("mysql", dsn)
 		return db, outboxsql.MySQL, func() { db.Close() }, err
 	}
-	return nil, outboxsql.Dialect{}, nothing, fmt.Errorf("-db %q: want sqlite, postgres or mysql", kind)
+	return nil, nil, nothing, fmt.Errorf("-db %q: want sqlite, postgres or mysql", kind)
 }
 
 func removeDir(dir string) {
@@ -244,7 +244,7 @@ func envOr(name, def string) string {
 }
 
 // placeholders returns a function that turns "?" placeholders into the dialect's.
-func placeholders(d outboxsql.Dialect) func(string) string {
+func placeholders(d *outboxsql.Outbox) func(string) string {
 	if d != outboxsql.Postgres {
 		return func(s string) string { return s }
 	}
@@ -265,7 +265,7 @@ func placeholders(d outboxsql.Dialect) func(string) string {
 
 // dropAll removes the demo's tables from a server database (an embedded file is deleted
 // whole).
-func dropAll(db *sql.DB, d outboxsql.Dialect, name string) {
+func dropAll(db *sql.DB, d *outboxsql.Outbox, name string) {
 	if d == outboxsql.SQLite {
 		return
 	}

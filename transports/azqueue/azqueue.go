@@ -106,12 +106,6 @@ func (e Encoding) maxDocBytes() int {
 
 func (e Encoding) valid() bool { return e == Base64 || e == Text }
 
-// features returns what the transport promises with encoding e. MaxMessageBytes is the
-// largest CloudEvent document (envelope and payload) that fits once encoded.
-func features(e Encoding) outbox.TransportFeatures {
-	return outbox.TransportFeatures{FIFO: false, Dedup: false, Batch: false, Delay: true, MaxMessageBytes: e.maxDocBytes()}
-}
-
 // queueName matches Azure's queue-name rules but the length: lowercase letters, digits and
 // single hyphens, starting and ending with a letter or digit.
 var queueName = regexp.MustCompile(`^[a-z0-9]+(-[a-z0-9]+)*$`)

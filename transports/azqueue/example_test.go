@@ -37,15 +37,15 @@ func ExampleNewSender() {
 	if err := sender.CreateQueues(ctx); err != nil {
 		log.Fatal(err)
 	}
-	store, err := outboxpgx.NewStore(pool)
+	store, err := outboxpgx.Default.NewStore(pool)
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := relay.New(store, sender, nil)
+	r, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	go relay.Run(ctx)
+	go r.Run(ctx)
 }
 
 // Receive events from one queue, handle them, and acknowledge or retry each.

@@ -135,10 +135,9 @@ func (s *Sender) queueNames() []string {
 	return slices.Compact(names)
 }
 
-// Features reports what the transport promises, for the conformance suite: no FIFO, no
-// dedup, no batch API, delayed redelivery, and MaxMessageBytes as the largest CloudEvent
-// document that fits 64 KiB after encoding (48 KiB with Base64).
-func (s *Sender) Features() outbox.TransportFeatures { return features(s.cfg.Encoding) }
+// MaxMessageBytes returns the largest CloudEvent document (envelope and payload) the sender
+// accepts: what fits the service's 64 KiB once encoded, 48 KiB with Base64.
+func (s *Sender) MaxMessageBytes() int { return s.cfg.Encoding.maxDocBytes() }
 
 // CreateQueues creates every queue the configuration names that does not exist yet. Call it
 // at start-up if the application, not its infrastructure code, owns the queues.

@@ -29,7 +29,7 @@ func TestLimitBoundary(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		limit := s.Features().MaxMessageBytes
+		limit := s.MaxMessageBytes()
 		exact := msg("a.b", "")
 		exact.Body = []byte(`""`)
 		doc, err := cloudevents.ToStructured(exact, "")

@@ -40,7 +40,7 @@ func TestConformance(t *testing.T) {
 					Outage:   outage,
 					Sender:   d.sender,
 					Receiver: d.receiver,
-					Features: outboxkafka.Features(context.Background(), d.sender, d.topic),
+					Features: features(d.sender, d.topic),
 					SendRaw: func(ctx context.Context, body []byte) error {
 						return d.client.ProduceSync(ctx, &kgo.Record{Topic: d.topic, Value: body}).FirstErr()
 					},
@@ -103,7 +103,7 @@ func kafkaOutage(t *testing.T) *outboxtest.OutageFixture {
 	return &outboxtest.OutageFixture{
 		Sender:   sender,
 		Receiver: receiver,
-		Features: outboxkafka.Features(context.Background(), sender, topic),
+		Features: features(sender, topic),
 		Stop:     func(testing.TB) { rc.kill() },
 		Start:    func(testing.TB) { rc.start() },
 		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {
@@ -112,4 +112,13 @@ func kafkaOutage(t *testing.T) *outboxtest.OutageFixture {
 		// A produce to a cluster that is gone waits for its context: franz-go retries it.
 		SendTimeout: 3 * time.Second,
 	}
+}
+
+// features are what the transport promises for records s produces to topic and a Receiver
+// reads: per-key order (a key's records share a partition, and the receiver holds a key's
+// later records while an earlier one is retried), batches, delayed redelivery, and s's size
+// limit for topic. Kafka does not deduplicate by event ID.
+func features(s *outboxkafka.Sender, topic string) outboxtest.Features {
+	limit, _ := s.MaxMessageBytes(context.Background(), topic)
+	return outboxtest.Features{FIFO: true, Batch: true, Delay: true, MaxMessageBytes: limit}
 }

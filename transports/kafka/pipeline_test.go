@@ -30,7 +30,7 @@ func (orderPlaced) EventType() string { return "orders.placed" }
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // pipeline is producers → PostgreSQL outbox → relays → Kafka → consumers → effects, each
-// effect written through outboxpgx.IdempotentAt in the inbox's transaction.
+// effect written through outboxpgx.Idempotent in the inbox's transaction.
 type pipeline struct {
 	t *testing.T
 	p *pgxtest.Outbox
@@ -75,7 +75,7 @@ func (pl *pipeline) consumer(r outbox.Receiver) *consumer.Consumer {
 	if err != nil {
 		pl.t.Fatal(err)
 	}
-	effect := outboxpgx.IdempotentAt(pl.p.Outbox, pl.p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
+	effect := outboxpgx.Idempotent(pl.p.Outbox, pl.p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+pl.p.Schema+".effects (event_id, customer, seq) VALUES ($1, $2, $3)", e.ID, e.Payload.Customer, e.Payload.Seq)
 		return err
 	})

@@ -303,15 +303,6 @@ var (
 	_ outbox.Pinger = (*Sender)(nil)
 )
 
-// Features describes what the transport promises for records s produces to topic and a
-// [Receiver] reads: per-key order (a key's records share a partition, and the receiver
-// holds a key's later records while an earlier one is retried), batches, delayed
-// redelivery, and s's size limit for topic. Kafka does not deduplicate by event ID.
-func Features(ctx context.Context, s *Sender, topic string) outbox.TransportFeatures {
-	limit, _ := s.MaxMessageBytes(ctx, topic)
-	return outbox.TransportFeatures{FIFO: true, Batch: true, Delay: true, MaxMessageBytes: limit}
-}
-
 // messagingSystem is Kafka's messaging.system in the OpenTelemetry conventions.
 const messagingSystem = "kafka"
 

@@ -7,6 +7,7 @@ package outboxmemory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -40,9 +41,39 @@ type Config struct {
 	PingHook func(context.Context) error
 }
 
+// WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.VisibilityTimeout == 0 {
+		out.VisibilityTimeout = 30 * time.Second
+	}
+	return &out
+}
+
+// validate checks a config with defaults applied and returns every problem at once.
+func (c *Config) validate() error {
+	var errs []error
+	if c.VisibilityTimeout < 0 {
+		errs = append(errs, fmt.Errorf("VisibilityTimeout %v is negative", c.VisibilityTimeout))
+	}
+	if c.DedupWindow < 0 {
+		errs = append(errs, fmt.Errorf("DedupWindow %v is negative", c.DedupWindow))
+	}
+	if c.MaxMessageBytes < 0 {
+		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is negative", c.MaxMessageBytes))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("outboxmemory: invalid Config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
 // Queue is an in-memory queue. The zero value is not usable; call [New].
 type Queue struct {
-	cfg Config
+	cfg *Config
 
 	mu       sync.Mutex
 	ready    []*entry // accepted, in send order; ready[:head] are all acknowledged
@@ -62,21 +93,15 @@ type entry struct {
 	done      bool
 }
 
-// New returns an empty queue.
+// New returns an empty queue configured by cfg (nil means the defaults). An invalid cfg (a
+// negative field) panics: the queue is for tests and examples, where that is a mistake in
+// the code rather than in a deployment's settings.
 func New(cfg *Config) *Queue {
-	c := Config{}
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.VisibilityTimeout <= 0 {
-		c.VisibilityTimeout = 30 * time.Second
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		panic(err)
 	}
 	return &Queue{cfg: c, seen: map[string]time.Time{}, inFlight: map[string]bool{}, notify: make(chan struct{})}
-}
-
-// Features reports what the queue does, for the transport conformance suite.
-func (q *Queue) Features() outbox.TransportFeatures {
-	return outbox.TransportFeatures{FIFO: q.cfg.FIFO, Dedup: q.cfg.DedupWindow > 0, Batch: true, Delay: true, MaxMessageBytes: q.cfg.MaxMessageBytes}
 }
 
 // Send accepts msgs. Messages over MaxMessageBytes, or failed by SendHook, are reported in

@@ -42,7 +42,7 @@ func TestConformance(t *testing.T) {
 					Outage:   outage,
 					Sender:   d.sender,
 					Receiver: d.receiver,
-					Features: outboxnats.Features(d.sender, d.stream.CachedInfo().Config, d.consumer.CachedInfo().Config),
+					Features: d.features(),
 					SendRaw: func(ctx context.Context, body []byte) error {
 						_, err := js.Publish(ctx, d.prefix+".raw", body)
 						return err
@@ -95,7 +95,7 @@ func natsOutage(t *testing.T, top outboxnats.Topology) *outboxtest.OutageFixture
 	return &outboxtest.OutageFixture{
 		Sender:   d.sender,
 		Receiver: d.receiver,
-		Features: outboxnats.Features(d.sender, d.stream.CachedInfo().Config, d.consumer.CachedInfo().Config),
+		Features: d.features(),
 		Stop:     func(testing.TB) { srv.Kill() },
 		Start:    func(testing.TB) { srv.Start() },
 		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {

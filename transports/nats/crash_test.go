@@ -37,7 +37,7 @@ const committedLine = "committed, acking"
 // idempotentEffect is the handler both processes run: one effect row per handled event,
 // written in the transaction that records the event in the inbox.
 func idempotentEffect(o *outboxpgx.Outbox, pool *pgxpool.Pool, schema string) consumer.Handler[orderPlaced] {
-	return outboxpgx.IdempotentAt(o, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
+	return outboxpgx.Idempotent(o, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+schema+".effects (event_id) VALUES ($1)", e.ID)
 		return err
 	})

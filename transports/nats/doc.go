@@ -32,8 +32,11 @@
 // consumer's delivery count; Ack waits for the server to confirm it (JetStream's double
 // ack) unless [ReceiverConfig].AsyncAck is set; Nack is a negative ack with a delay.
 // Creating streams and consumers is the application's job (or its infrastructure code's);
-// [Provision] does it for tests, examples and small deployments, and [Features] says what a
-// given stream and consumer promise.
+// [Provision] does it for tests, examples and small deployments. What a stream and consumer
+// promise follows from their configuration: per-key order, retries included, only from a
+// consumer with MaxAckPending 1 and explicit acks ([Topology].Ordered), since with several
+// messages in flight a later one overtakes one being retried; deduplication by event ID
+// while the stream has a Duplicates window (the server's default is 2 minutes).
 //
 // Sizes are checked before sending: a message whose headers and body exceed the server's
 // max_payload (or a lower limit set in [SenderConfig]) fails with an error wrapping

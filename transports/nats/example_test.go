@@ -49,15 +49,15 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	store, err := outboxpgx.NewStore(pool)
+	store, err := outboxpgx.Default.NewStore(pool)
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := relay.New(store, sender, nil)
+	r, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	go relay.Run(ctx)
+	go r.Run(ctx)
 
 	// Consumer side.
 	receiver, err := outboxnats.NewReceiver(consumer, nil)

@@ -68,7 +68,7 @@ func TestForeignEventHandledOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	consumer.Handle(c, outboxpgx.IdempotentAt(p.Outbox, p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[shopOrder]) error {
+	consumer.Handle(c, outboxpgx.Idempotent(p.Outbox, p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[shopOrder]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+p.Schema+".effects VALUES ($1, $2, $3)",
 			e.ID, e.Headers[cloudevents.IDHeader], e.Headers[cloudevents.SourceHeader])
 		return err

@@ -97,6 +97,30 @@ func newDestination(t testing.TB, js jetstream.JetStream, top outboxnats.Topolog
 	return d
 }
 
+// features are what d's sender and receiver promise together, from the stream's and the
+// consumer's configuration:
+//
+//   - FIFO only when the consumer has MaxAckPending 1 and explicit acks: JetStream keeps
+//     publish order in the stream, but a consumer with several messages in flight lets
+//     later messages overtake one that is being retried (TestStandardConsumerIsNotFIFO).
+//   - Dedup when the stream has a Duplicates window (the server's default is 2 minutes).
+//   - Batch and Delay always (async publish; nak with delay).
+//   - MaxMessageBytes: the sender's limit, lowered to the stream's MaxMsgSize if set.
+func (d *destination) features() outboxtest.Features {
+	stream, consumer := d.stream.CachedInfo().Config, d.consumer.CachedInfo().Config
+	limit := d.sender.MaxMessageBytes()
+	if stream.MaxMsgSize > 0 && (limit == 0 || int(stream.MaxMsgSize) < limit) {
+		limit = int(stream.MaxMsgSize)
+	}
+	return outboxtest.Features{
+		FIFO:            consumer.MaxAckPending == 1 && consumer.AckPolicy == jetstream.AckExplicitPolicy,
+		Dedup:           stream.Duplicates > 0,
+		Batch:           true,
+		Delay:           true,
+		MaxMessageBytes: limit,
+	}
+}
+
 // streamMsgs returns how many messages the stream stores now.
 func streamMsgs(t testing.TB, s jetstream.Stream) uint64 {
 	t.Helper()

@@ -54,11 +54,47 @@ type ReceiverConfig struct {
 	MaxMessageBytes int
 }
 
+// WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
+func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
+	out := ReceiverConfig{}
+	if c != nil {
+		out = *c
+	}
+	if out.MaxWait == 0 {
+		out.MaxWait = 5 * time.Second
+	}
+	if out.MaxHeldBytes == 0 {
+		out.MaxHeldBytes = DefaultMaxHeldBytes
+	}
+	if out.MaxMessageBytes == 0 {
+		out.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	return &out
+}
+
+// validate checks a config with defaults applied and returns every problem at once.
+func (c *ReceiverConfig) validate() error {
+	var errs []error
+	if c.MaxWait < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("MaxWait %v is under 10ms", c.MaxWait))
+	}
+	if c.MaxHeldBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxHeldBytes %d is below 1", c.MaxHeldBytes))
+	}
+	if c.MaxMessageBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is below 1", c.MaxMessageBytes))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("outboxnats: invalid ReceiverConfig: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
 // Receiver reads messages from a JetStream pull consumer; it implements outbox.Receiver
 // and is safe for concurrent use.
 type Receiver struct {
 	c        jetstream.Consumer
-	cfg      ReceiverConfig
+	cfg      *ReceiverConfig
 	maxBatch int           // the consumer's MaxRequestBatch or MaxAckPending, 0 if unlimited
 	serial   bool          // the consumer hands out one message at a time (MaxAckPending 1)
 	ackWait  time.Duration // the consumer's AckWait: a delivery held longer comes again
@@ -81,31 +117,11 @@ func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
 	if c == nil {
 		return nil, errors.New("outboxnats: NewReceiver needs a jetstream.Consumer")
 	}
-	r := &Receiver{c: c}
-	if cfg != nil {
-		r.cfg = *cfg
-	}
-	if r.cfg.MaxWait == 0 {
-		r.cfg.MaxWait = 5 * time.Second
-	}
-	if r.cfg.MaxHeldBytes == 0 {
-		r.cfg.MaxHeldBytes = DefaultMaxHeldBytes
-	}
-	if r.cfg.MaxMessageBytes == 0 {
-		r.cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
+	r := &Receiver{c: c, cfg: cfg.WithDefaults()}
 	r.ackWait, r.held, r.settled = 30*time.Second, map[*delivery]struct{}{}, make(chan struct{})
-	var errs []error
-	if r.cfg.MaxWait < 10*time.Millisecond {
-		errs = append(errs, fmt.Errorf("MaxWait %v is under 10ms", r.cfg.MaxWait))
-	}
-	if r.cfg.MaxHeldBytes < 1 {
-		errs = append(errs, fmt.Errorf("MaxHeldBytes %d is below 1", r.cfg.MaxHeldBytes))
-	}
-	if r.cfg.MaxMessageBytes < 1 {
-		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is below 1", r.cfg.MaxMessageBytes))
-	}
+	err := r.cfg.validate()
 	if info := c.CachedInfo(); info != nil {
+		var errs []error
 		cc := info.Config
 		if cc.AckPolicy != jetstream.AckExplicitPolicy {
 			errs = append(errs, fmt.Errorf("consumer %s on stream %s has AckPolicy %s; Ack and Nack need %s",
@@ -117,6 +133,9 @@ func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
 		if cc.MaxRequestExpires > 0 && r.cfg.MaxWait > cc.MaxRequestExpires {
 			errs = append(errs, fmt.Errorf("MaxWait %v is over consumer %s's MaxRequestExpires of %v", r.cfg.MaxWait, info.Name, cc.MaxRequestExpires))
 		}
+		if len(errs) > 0 {
+			err = errors.Join(err, fmt.Errorf("outboxnats: NewReceiver: %w", errors.Join(errs...)))
+		}
 		r.maxBatch = cc.MaxRequestBatch
 		if cc.MaxAckPending > 0 && (r.maxBatch == 0 || cc.MaxAckPending < r.maxBatch) {
 			r.maxBatch = cc.MaxAckPending
@@ -126,8 +145,8 @@ func NewReceiver(c jetstream.Consumer, cfg *ReceiverConfig) (*Receiver, error) {
 			r.ackWait = cc.AckWait
 		}
 	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("outboxnats: invalid Receiver: %w", errors.Join(errs...))
+	if err != nil {
+		return nil, err
 	}
 	return r, nil
 }

@@ -97,12 +97,12 @@ func expectNext(t *testing.T, r outbox.Receiver, want outbox.Message, attempt in
 }
 
 // TestOrderedConsumer: with MaxAckPending 1, a key's messages arrive in send order even when
-// the first is retried, with and without a delay: what Features reports as FIFO.
+// the first is retried, with and without a delay: FIFO, as destination.features says.
 func TestOrderedConsumer(t *testing.T) {
 	_, js := connect(t)
 	d := newDestination(t, js, outboxnats.Topology{Storage: jetstream.MemoryStorage, Ordered: true}, outboxnats.SenderConfig{})
-	if f := outboxnats.Features(d.sender, d.stream.CachedInfo().Config, d.consumer.CachedInfo().Config); !f.FIFO || !f.Dedup {
-		t.Fatalf("Features = %+v, want FIFO and Dedup", f)
+	if f := d.features(); !f.FIFO || !f.Dedup {
+		t.Fatalf("features = %+v, want FIFO and Dedup", f)
 	}
 	var msgs []outbox.Message
 	for i := range 3 {
@@ -130,13 +130,13 @@ func TestOrderedConsumer(t *testing.T) {
 	outboxtest.ExpectNone(t, d.receiver, 500*time.Millisecond)
 }
 
-// TestStandardConsumerIsNotFIFO shows why Features reports FIFO false for a consumer with
-// several messages in flight: a retried message is overtaken by the next of its key.
+// TestStandardConsumerIsNotFIFO shows why a consumer with several messages in flight is not
+// FIFO: a retried message is overtaken by the next of its key.
 func TestStandardConsumerIsNotFIFO(t *testing.T) {
 	_, js := connect(t)
 	d := newDestination(t, js, outboxnats.Topology{Storage: jetstream.MemoryStorage}, outboxnats.SenderConfig{})
-	if f := outboxnats.Features(d.sender, d.stream.CachedInfo().Config, d.consumer.CachedInfo().Config); f.FIFO {
-		t.Fatalf("Features = %+v, want FIFO false", f)
+	if f := d.features(); f.FIFO {
+		t.Fatalf("features = %+v, want FIFO false", f)
 	}
 	first, second := message("t", "a", `{"a":0}`), message("t", "a", `{"a":1}`)
 	sendInTurn(t, d.sender, first, second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -46,10 +47,12 @@ type SenderConfig struct {
 	MaxPending int
 }
 
-func (c *SenderConfig) withDefaults() SenderConfig {
+// WithDefaults returns a copy of c (nil allowed) with every unset field at its default.
+func (c *SenderConfig) WithDefaults() *SenderConfig {
 	out := SenderConfig{}
 	if c != nil {
 		out = *c
+		out.Subjects = maps.Clone(c.Subjects)
 	}
 	if out.Subject == nil && out.SubjectPrefix == "" {
 		out.SubjectPrefix = DefaultSubjectPrefix
@@ -60,10 +63,11 @@ func (c *SenderConfig) withDefaults() SenderConfig {
 	if out.MaxPending == 0 {
 		out.MaxPending = 1000
 	}
-	return out
+	return &out
 }
 
-func (c *SenderConfig) validate(nc *nats.Conn) error {
+// validate checks a config with defaults applied and returns every problem at once.
+func (c *SenderConfig) validate() error {
 	var errs []error
 	if c.Subject != nil && (c.SubjectPrefix != "" || len(c.Subjects) > 0) {
 		errs = append(errs, errors.New("Subject is set together with SubjectPrefix or Subjects; set one way of routing"))
@@ -89,8 +93,6 @@ func (c *SenderConfig) validate(nc *nats.Conn) error {
 	}
 	if c.MaxMessageBytes < 0 {
 		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is negative", c.MaxMessageBytes))
-	} else if mp := nc.MaxPayload(); mp > 0 && int64(c.MaxMessageBytes) > mp {
-		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is over the server's max payload of %s", c.MaxMessageBytes, formatBytes(int(mp))))
 	}
 	if c.MaxPending < 1 {
 		errs = append(errs, fmt.Errorf("MaxPending %d is below 1", c.MaxPending))
@@ -105,7 +107,7 @@ func (c *SenderConfig) validate(nc *nats.Conn) error {
 // for concurrent use.
 type Sender struct {
 	js     jetstream.JetStream
-	cfg    SenderConfig
+	cfg    *SenderConfig
 	prefix string // SubjectPrefix + "."
 
 	acks  ackRouter
@@ -125,8 +127,12 @@ func NewSender(js jetstream.JetStream, cfg *SenderConfig) (*Sender, error) {
 	if js == nil || js.Conn() == nil {
 		return nil, errors.New("outboxnats: NewSender needs a JetStream context with a connection")
 	}
-	c := cfg.withDefaults()
-	if err := c.validate(js.Conn()); err != nil {
+	c := cfg.WithDefaults()
+	err := c.validate()
+	if mp := js.Conn().MaxPayload(); mp > 0 && int64(c.MaxMessageBytes) > mp {
+		err = errors.Join(err, fmt.Errorf("outboxnats: SenderConfig.MaxMessageBytes %d is over the server's max payload of %s", c.MaxMessageBytes, formatBytes(int(mp))))
+	}
+	if err != nil {
 		return nil, err
 	}
 	s := &Sender{js: js, cfg: c}

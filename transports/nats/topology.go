@@ -34,8 +34,9 @@ type Topology struct {
 	// would ignore them and deliver everything). Default: every subject of the stream.
 	FilterSubjects []string
 	// Ordered makes the consumer hand out one message at a time (MaxAckPending 1), in
-	// stream order, redeliveries included: per-key order holds ([Features] reports FIFO),
-	// at the cost of all parallelism on the consumer side. Default false: up to 1000
+	// stream order, redeliveries included: per-key order holds, at the cost of all
+	// parallelism on the consumer side (a consumer with several messages in flight lets
+	// later messages overtake one that is being retried). Default false: up to 1000
 	// messages in flight, and a message that is retried is overtaken by later ones.
 	Ordered bool
 	// Duplicates is the stream's dedup window for Nats-Msg-Id. Keep it longer than the
@@ -120,30 +121,6 @@ func Provision(ctx context.Context, js jetstream.JetStream, t Topology) (jetstre
 	return stream, consumer, nil
 }
 
-// Features reports what a [Sender] publishing into a stream and a [Receiver] reading
-// through one of its consumers promise together, from the stream's and the consumer's
-// configuration (stream.CachedInfo().Config, consumer.CachedInfo().Config):
-//
-//   - FIFO only when the consumer has MaxAckPending 1 and explicit acks: JetStream keeps
-//     publish order in the stream, but a consumer with several messages in flight lets
-//     later messages overtake one that is being retried.
-//   - Dedup when the stream has a Duplicates window (the server's default is 2 minutes).
-//   - Batch and Delay always (async publish; nak with delay).
-//   - MaxMessageBytes: the sender's limit, lowered to the stream's MaxMsgSize if set.
-func Features(s *Sender, stream jetstream.StreamConfig, consumer jetstream.ConsumerConfig) outbox.TransportFeatures {
-	limit := s.MaxMessageBytes()
-	if stream.MaxMsgSize > 0 && (limit == 0 || int(stream.MaxMsgSize) < limit) {
-		limit = int(stream.MaxMsgSize)
-	}
-	return outbox.TransportFeatures{
-		FIFO:            consumer.MaxAckPending == 1 && consumer.AckPolicy == jetstream.AckExplicitPolicy,
-		Dedup:           stream.Duplicates > 0,
-		Batch:           true,
-		Delay:           true,
-		MaxMessageBytes: limit,
-	}
-}
-
 // SubjectsFor returns the subjects a [Sender] configured with cfg (nil: the defaults)
 // publishes the given event types to — SubjectPrefix and the type, or the subject
 // cfg.Subjects names for it — without repeats: the FilterSubjects of a consumer that
@@ -152,7 +129,7 @@ func Features(s *Sender, stream jetstream.StreamConfig, consumer jetstream.Consu
 //
 // Event types come from the payload types a consumer handles: outbox.EventTypeOf[T]().
 func SubjectsFor(cfg *SenderConfig, eventTypes ...string) ([]string, error) {
-	c := cfg.withDefaults()
+	c := cfg.WithDefaults()
 	if c.Subject != nil {
 		return nil, errors.New("outboxnats: SubjectsFor: the SenderConfig routes by a Subject function, whose subjects cannot be known from event types")
 	}

@@ -27,7 +27,7 @@ import (
 
 // TestChaosBrokerKilled runs two pipelines — producers committing (and rolling back)
 // events through outboxpgx, two relays, RabbitMQ, a consumer whose handler writes one
-// effect row per event through outboxpgx.IdempotentAt — against a private RabbitMQ node,
+// effect row per event through outboxpgx.Idempotent — against a private RabbitMQ node,
 // SIGKILLs the node mid-run, keeps it down for a second and a half while producers keep
 // committing, and restarts it on the same ports and data directory. Sends lose their
 // confirms, acks are lost, consumers lose their channels; the clients redial. Then:
@@ -147,7 +147,7 @@ func (pl *chaosPipeline) start(production context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	effect := outboxpgx.IdempotentAt(pl.p.Outbox, pl.p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
+	effect := outboxpgx.Idempotent(pl.p.Outbox, pl.p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+pl.p.Schema+".effects (event_id) VALUES ($1)", e.ID)
 		return err
 	})

@@ -42,7 +42,7 @@ func TestConformance(t *testing.T) {
 					Outage:   outage,
 					Sender:   d.sender,
 					Receiver: d.receiver,
-					Features: outboxrabbitmq.Features(d.sender, d.top),
+					Features: d.features(),
 					SendRaw: func(ctx context.Context, body []byte) error {
 						return d.admin.PublishWithContext(ctx, d.top.Exchange, "raw", true, false, amqp.Publishing{Body: body})
 					},
@@ -108,7 +108,7 @@ func rabbitOutage(t *testing.T, top outboxrabbitmq.Topology, scfg outboxrabbitmq
 	return &outboxtest.OutageFixture{
 		Sender:   d.sender,
 		Receiver: d.receiver,
-		Features: outboxrabbitmq.Features(d.sender, d.top),
+		Features: d.features(),
 		Stop:     func(testing.TB) { node.Kill() },
 		Start:    func(testing.TB) { node.Start() },
 		Pipeline: func(t *testing.T) *outboxtest.PipelineFixture {

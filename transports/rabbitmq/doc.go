@@ -42,8 +42,10 @@
 // queue, routed by a [SenderConfig].RoutingKey that hashes the event key).
 //
 // Creating the exchange and queues is the application's job (or its infrastructure code's);
-// [Declare] does it for tests, examples and small deployments, and [Features] says what a
-// declared [Topology] promises.
+// [Declare] does it for tests, examples and small deployments. A declared [Topology]
+// promises per-key order only when it is Ordered (with [ReceiverConfig].Ordered), and never
+// deduplication: RabbitMQ does not deduplicate by message-id, so a relay's re-send is a
+// second copy, which the consumer's inbox absorbs.
 //
 // Connections: each Sender and Receiver dials its own connection on first use and redials
 // after a loss with a bounded backoff ([Connection]). Deliveries of a lost connection cannot

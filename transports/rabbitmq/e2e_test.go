@@ -32,7 +32,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // TestEndToEnd: events committed with the caller's transaction go PostgreSQL outbox →
 // relay → RabbitMQ → consumer, whose handler writes an effect row through
-// outboxpgx.IdempotentAt. Every committed event takes effect exactly once, in per-key
+// outboxpgx.Idempotent. Every committed event takes effect exactly once, in per-key
 // order; an event whose transaction rolled back never arrives.
 //   - "standard": a plain quorum queue, 10 handlers at once;
 //   - "ordered": a single-active-consumer queue and an ordered receiver, with every
@@ -66,7 +66,7 @@ func TestEndToEnd(t *testing.T) {
 				handled []outbox.Message // first successful handling of each event, in order
 				failed  = map[uuid.UUID]bool{}
 			)
-			effect := outboxpgx.IdempotentAt(p.Outbox, p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
+			effect := outboxpgx.Idempotent(p.Outbox, p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 				_, err := tx.Exec(ctx, "INSERT INTO "+p.Schema+".effects (event_id) VALUES ($1)", e.ID)
 				return err
 			})

@@ -51,15 +51,15 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	store, err := outboxpgx.NewStore(pool)
+	store, err := outboxpgx.Default.NewStore(pool)
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := relay.New(store, sender, nil)
+	r, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	go relay.Run(ctx)
+	go r.Run(ctx)
 
 	// Consumer side: failures are retried through the retry queues, then dead-lettered.
 	receiver, err := outboxrabbitmq.NewReceiver(broker, &outboxrabbitmq.ReceiverConfig{Queue: "billing"})
@@ -67,7 +67,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer receiver.Close()
-	dead, err := outboxpgx.NewDeadLetters(pool)
+	dead, err := outboxpgx.Default.NewDeadLetters(pool)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	consumer.Handle(c, outboxpgx.Idempotent(pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
+	consumer.Handle(c, outboxpgx.Idempotent(outboxpgx.Default, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO invoices (order_id) VALUES ($1)", e.Payload.OrderID)
 		return err
 	}))

@@ -67,15 +67,16 @@ func (c Connection) withDefaults(name string) Connection {
 	return c
 }
 
-func (c Connection) validate() []error {
+// validate checks a Connection with defaults applied and returns every problem at once.
+func (c Connection) validate() error {
 	var errs []error
 	if c.URL == "" {
-		errs = append(errs, errors.New("Connection.URL is empty"))
+		errs = append(errs, errors.New("URL is empty"))
 	} else if _, err := amqp.ParseURI(c.URL); err != nil {
-		errs = append(errs, fmt.Errorf("Connection.URL is not an AMQP URI: %w", redact(err, c.URL)))
+		errs = append(errs, fmt.Errorf("URL is not an AMQP URI: %w", redact(err, c.URL)))
 	}
 	if c.AMQP.Recovery != nil {
-		errs = append(errs, errors.New("Connection.AMQP.Recovery is set: amqp091-go's recovery would let an old delivery's ack settle another message; leave it nil (the sender and receiver redial themselves)"))
+		errs = append(errs, errors.New("AMQP.Recovery is set: amqp091-go's recovery would let an old delivery's ack settle another message; leave it nil (the sender and receiver redial themselves)"))
 	}
 	if c.ReconnectBackoff < 0 || c.MaxReconnectBackoff < c.ReconnectBackoff {
 		errs = append(errs, fmt.Errorf("backoffs must satisfy 0 <= ReconnectBackoff (%v) <= MaxReconnectBackoff (%v)", c.ReconnectBackoff, c.MaxReconnectBackoff))
@@ -83,7 +84,10 @@ func (c Connection) validate() []error {
 	if c.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("DialTimeout %v is negative", c.DialTimeout))
 	}
-	return errs
+	if len(errs) > 0 {
+		return fmt.Errorf("outboxrabbitmq: invalid Connection: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // redact removes the URL (and so its password) from err's text.

@@ -42,6 +42,17 @@ func unique() string {
 var testDelays = []time.Duration{200 * time.Millisecond, time.Second, 2 * time.Second}
 
 // destination is a fresh exchange and queue (with retry queues), a sender and a receiver
+// features are what d's sender and receiver promise together:
+//
+//   - FIFO when the topology is Ordered: single active consumer, one message in flight,
+//     and Nack holding a message in place (the receiver sets ReceiverConfig.Ordered too).
+//   - Dedup never: RabbitMQ does not deduplicate by message-id.
+//   - Batch and Delay always (confirms are awaited per batch; retry queues delay).
+//   - MaxMessageBytes: the sender's MaxMessageBytes.
+func (d *destination) features() outboxtest.Features {
+	return outboxtest.Features{FIFO: d.top.Ordered, Batch: true, Delay: true, MaxMessageBytes: d.sender.MaxMessageBytes()}
+}
+
 // for one test; everything is deleted and closed at its end.
 type destination struct {
 	top      outboxrabbitmq.Topology

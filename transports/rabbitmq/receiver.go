@@ -99,7 +99,8 @@ func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
 	return &out
 }
 
-func (c *ReceiverConfig) validate() []error {
+// validate checks a config with defaults applied and returns every problem at once.
+func (c *ReceiverConfig) validate() error {
 	var errs []error
 	if err := checkName(c.Queue); err != nil {
 		errs = append(errs, fmt.Errorf("Queue %q: %w", c.Queue, err))
@@ -122,13 +123,16 @@ func (c *ReceiverConfig) validate() []error {
 	if c.MaxWait < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("MaxWait %v is under 10ms", c.MaxWait))
 	}
-	return append(errs, checkRetryDelays(c.Queue, c.RetryDelays)...)
+	if errs = append(errs, checkRetryDelays(c.Queue, c.RetryDelays)...); len(errs) > 0 {
+		return fmt.Errorf("outboxrabbitmq: invalid ReceiverConfig: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // Receiver consumes a queue with manual acknowledgements; it implements outbox.Receiver
 // and is safe for concurrent use. Close it when done.
 type Receiver struct {
-	cfg  ReceiverConfig
+	cfg  *ReceiverConfig
 	link *link
 
 	mu      sync.Mutex
@@ -155,11 +159,10 @@ type subscription struct {
 func NewReceiver(conn Connection, cfg *ReceiverConfig) (*Receiver, error) {
 	c := cfg.WithDefaults()
 	conn = conn.withDefaults("txoutbox receiver")
-	errs := append(conn.validate(), c.validate()...)
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("outboxrabbitmq: invalid receiver configuration: %w", errors.Join(errs...))
+	if err := errors.Join(conn.validate(), c.validate()); err != nil {
+		return nil, err
 	}
-	return &Receiver{cfg: *c, link: newLink(conn), holds: map[*time.Timer]struct{}{}, wake: make(chan struct{}, 1)}, nil
+	return &Receiver{cfg: c, link: newLink(conn), holds: map[*time.Timer]struct{}{}, wake: make(chan struct{}, 1)}, nil
 }
 
 // Close stops consuming and closes the connection: the broker requeues every message not

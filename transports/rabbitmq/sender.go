@@ -64,7 +64,8 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 	return &out
 }
 
-func (c *SenderConfig) validate() []error {
+// validate checks a config with defaults applied and returns every problem at once.
+func (c *SenderConfig) validate() error {
 	var errs []error
 	if err := checkName(c.Exchange); err != nil {
 		errs = append(errs, fmt.Errorf("Exchange %q: %w", c.Exchange, err))
@@ -83,7 +84,10 @@ func (c *SenderConfig) validate() []error {
 	if c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxMessageBytesLimit {
 		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is outside 1..%d", c.MaxMessageBytes, MaxMessageBytesLimit))
 	}
-	return errs
+	if len(errs) > 0 {
+		return fmt.Errorf("outboxrabbitmq: invalid SenderConfig: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // checkName reports why s cannot be an exchange name or routing key: AMQP 0-9-1 short
@@ -101,7 +105,7 @@ func checkName(s string) error {
 // Sender publishes the relay's batches to an exchange with publisher confirms; it
 // implements outbox.Sender and is safe for concurrent use. Close it when done.
 type Sender struct {
-	cfg  SenderConfig
+	cfg  *SenderConfig
 	link *link
 
 	mu   sync.Mutex
@@ -123,11 +127,10 @@ type pubChannel struct {
 func NewSender(conn Connection, cfg *SenderConfig) (*Sender, error) {
 	c := cfg.WithDefaults()
 	conn = conn.withDefaults("txoutbox sender")
-	errs := append(conn.validate(), c.validate()...)
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("outboxrabbitmq: invalid sender configuration: %w", errors.Join(errs...))
+	if err := errors.Join(conn.validate(), c.validate()); err != nil {
+		return nil, err
 	}
-	return &Sender{cfg: *c, link: newLink(conn)}, nil
+	return &Sender{cfg: c, link: newLink(conn)}, nil
 }
 
 // MaxMessageBytes returns the largest body the sender accepts.

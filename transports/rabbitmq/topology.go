@@ -7,8 +7,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/txoutbox/outbox"
 )
 
 // DefaultRetryDelays are the retry queues' delays when [Topology] and [ReceiverConfig] name
@@ -72,7 +70,8 @@ func (t Topology) withDefaults() Topology {
 	return t
 }
 
-func (t Topology) validate() []error {
+// validate checks a Topology with defaults applied and returns every problem at once.
+func (t Topology) validate() error {
 	var errs []error
 	if err := checkName(t.Exchange); err != nil {
 		errs = append(errs, fmt.Errorf("Exchange %q: %w", t.Exchange, err))
@@ -85,7 +84,10 @@ func (t Topology) validate() []error {
 	default:
 		errs = append(errs, fmt.Errorf("ExchangeKind %q is not topic, direct, fanout or headers", t.ExchangeKind))
 	}
-	return append(errs, checkRetryDelays(t.Queue, t.RetryDelays)...)
+	if errs = append(errs, checkRetryDelays(t.Queue, t.RetryDelays)...); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return nil
 }
 
 func checkRetryDelays(queue string, delays []time.Duration) []error {
@@ -123,11 +125,12 @@ func RetryQueueName(queue string, delay time.Duration) string {
 // It is meant for tests, examples and small deployments.
 func Declare(ch *amqp.Channel, t Topology) error {
 	t = t.withDefaults()
-	if errs := t.validate(); ch == nil || len(errs) > 0 {
-		if ch == nil {
-			errs = append(errs, errors.New("no channel"))
-		}
-		return fmt.Errorf("outboxrabbitmq: Declare: %w", errors.Join(errs...))
+	err := t.validate()
+	if ch == nil {
+		err = errors.Join(err, errors.New("no channel"))
+	}
+	if err != nil {
+		return fmt.Errorf("outboxrabbitmq: Declare: %w", err)
 	}
 	if err := ch.ExchangeDeclare(t.Exchange, t.ExchangeKind, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("outboxrabbitmq: declaring exchange %q: %w", t.Exchange, err)
@@ -170,24 +173,6 @@ func (t Topology) QueueNames() []string {
 		names = append(names, RetryQueueName(t.Queue, d))
 	}
 	return names
-}
-
-// Features reports what a [Sender] and a [Receiver] on a queue declared as t promise
-// together:
-//
-//   - FIFO when t is Ordered: single active consumer, one message in flight, and Nack
-//     holding a message in place; a [Receiver] must set ReceiverConfig.Ordered too.
-//   - Dedup never: RabbitMQ does not deduplicate by message-id. A relay's re-send is a
-//     second copy, which the consumer's inbox absorbs.
-//   - Batch and Delay always (confirms are awaited per batch; retry queues delay).
-//   - MaxMessageBytes: the sender's MaxMessageBytes.
-func Features(s *Sender, t Topology) outbox.TransportFeatures {
-	return outbox.TransportFeatures{
-		FIFO:            t.Ordered,
-		Batch:           true,
-		Delay:           true,
-		MaxMessageBytes: s.MaxMessageBytes(),
-	}
 }
 
 // retryTier returns the delay of the retry queue for a requested delay: the smallest

@@ -47,23 +47,6 @@ func TestSenderDefaults(t *testing.T) {
 	if c.Source != "/txoutbox" || c.MaxMessageBytes != 256<<10 || c.MaxConcurrentCalls != 10 || c.KeylessGroupID != "" {
 		t.Fatalf("defaults %+v", c)
 	}
-	s, err := outboxsqs.NewSender(newClient(), &outboxsqs.SenderConfig{QueueURL: "https://sqs.us-east-1.amazonaws.com/123/orders.fifo"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f := s.Features(); !f.FIFO || !f.Dedup || !f.Batch || f.MaxMessageBytes != 256<<10 {
-		t.Fatalf("features of a FIFO sender: %+v", f)
-	}
-	s, err = outboxsqs.NewSender(newClient(), &outboxsqs.SenderConfig{
-		QueueURL: "https://sqs.us-east-1.amazonaws.com/123/orders.fifo",
-		Routes:   map[string]string{"audit": "https://sqs.us-east-1.amazonaws.com/123/audit"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f := s.Features(); f.FIFO || f.Dedup {
-		t.Fatalf("a sender with a standard queue among its routes claims FIFO: %+v", f)
-	}
 }
 
 func TestNewReceiverReportsEveryProblem(t *testing.T) {

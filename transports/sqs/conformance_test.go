@@ -52,7 +52,7 @@ func TestConformance(t *testing.T) {
 					Outage:   func(t *testing.T) *outboxtest.OutageFixture { return sqsOutage(t, fifo) },
 					Sender:   s,
 					Receiver: r,
-					Features: s.Features(),
+					Features: features(fifo),
 					SendRaw: func(ctx context.Context, body []byte) error {
 						return send(ctx, nil, body)
 					},
@@ -127,7 +127,7 @@ func sqsOutage(t *testing.T, fifo bool) *outboxtest.OutageFixture {
 	return &outboxtest.OutageFixture{
 		Sender:   s,
 		Receiver: r,
-		Features: s.Features(),
+		Features: features(fifo),
 		Stop:     func(testing.TB) { fauxqs.Kill() },
 		Start: func(t testing.TB) {
 			fauxqs.Start()
@@ -139,4 +139,10 @@ func sqsOutage(t *testing.T, fifo bool) *outboxtest.OutageFixture {
 			return pgxtest.New(t, "outboxsqs").Pipeline(t, s, r)
 		},
 	}
+}
+
+// features are what an SQS queue promises: per-group order and deduplication by ID on a FIFO
+// queue, batches and delayed redelivery on any, and the Sender's default MaxMessageBytes.
+func features(fifo bool) outboxtest.Features {
+	return outboxtest.Features{FIFO: fifo, Dedup: fifo, Batch: true, Delay: true, MaxMessageBytes: outboxsqs.DefaultMaxMessageBytes}
 }

@@ -35,15 +35,15 @@ func ExampleNewSender() {
 	if err != nil {
 		log.Fatal(err) // every problem of the config at once
 	}
-	store, err := outboxpgx.NewStore(pool)
+	store, err := outboxpgx.Default.NewStore(pool)
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := relay.New(store, sender, nil)
+	r, err := relay.New(store, sender, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	go relay.Run(ctx)
+	go r.Run(ctx)
 
 	// Elsewhere, in the transaction that completes the order:
 	tx, err := pool.Begin(ctx)
@@ -52,13 +52,13 @@ func ExampleNewSender() {
 	}
 	defer tx.Rollback(ctx)
 	// ... UPDATE orders SET status = 'completed' ...
-	if err := outboxpgx.Publish(ctx, tx, outbox.New(OrderCompleted{Order: "o-42"}, outbox.WithKey("o-42"))); err != nil {
+	if err := outboxpgx.Default.Publish(ctx, tx, outbox.New(OrderCompleted{Order: "o-42"}, outbox.WithKey("o-42"))); err != nil {
 		log.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		log.Fatal(err)
 	}
-	relay.Wake() // same process: deliver now rather than at the next poll
+	r.Wake() // same process: deliver now rather than at the next poll
 }
 
 // The consumer side: receive, decode by type, ack what was handled and nack the rest for a

@@ -43,11 +43,6 @@ func NewReceiver(client ReceiverAPI, cfg *ReceiverConfig) (*Receiver, error) {
 	return &Receiver{client: client, cfg: c, q: q}, nil
 }
 
-// Features reports what the queue does: FIFO and Dedup for a FIFO queue.
-func (r *Receiver) Features() outbox.TransportFeatures {
-	return outbox.TransportFeatures{FIFO: r.q.fifo, Dedup: r.q.fifo, Batch: true, Delay: true, MaxMessageBytes: MaxMessageBytesLimit}
-}
-
 // pollMargin is how long before ctx's deadline a long poll is made to end, so that SQS
 // answers before the caller gives up: messages SQS hands to a request nobody reads any more
 // stay hidden until their visibility timeout.

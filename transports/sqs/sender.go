@@ -79,16 +79,6 @@ func (s *Sender) Ping(ctx context.Context) error {
 	return markBrokerFault(fmt.Errorf("outboxsqs: pinging queue %s: %w", s.ping.name, err))
 }
 
-// Features reports what the Sender's queues do: FIFO and Dedup only when every queue it
-// sends to is a FIFO queue.
-func (s *Sender) Features() outbox.TransportFeatures {
-	fifo := s.def == nil || s.def.fifo
-	for _, q := range s.routes {
-		fifo = fifo && q.fifo
-	}
-	return outbox.TransportFeatures{FIFO: fifo, Dedup: fifo, Batch: true, Delay: true, MaxMessageBytes: s.cfg.MaxMessageBytes}
-}
-
 // call is one SendMessageBatch request: entries of one queue, with the batch index of each.
 type call struct {
 	q       *queue

@@ -99,7 +99,7 @@ func (o *Outbox) DeadLetters(t testing.TB) deadletter.Table {
 
 // SearchPathPool returns a new pool whose connections have the outbox's schema as their
 // search_path, closed when t ends: through it, the default table names (outbox.Tables{},
-// the adapter's package-level functions) reach this outbox's tables.
+// outboxpgx.Default) reach this outbox's tables.
 func (o *Outbox) SearchPathPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(URL())
