@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxdriver"
 	"github.com/txoutbox/outbox/relay"
 	outboxmemory "github.com/txoutbox/outbox/transports/memory"
@@ -200,6 +201,102 @@ func exerciseOutage(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 		expectPending(t, f, 0)
 		t.Logf("%d events, %d relays, broker down %v (10 × a retry horizon of %v), %d sends refused meanwhile",
 			len(published), relays, 10*outageHorizon, outageHorizon, b.Refused())
+	})
+
+	t.Run("OutageWithHeldKeysReplayedAndDiscarded", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		relays := 3
+		if f.SingleRelay {
+			relays = 1
+		}
+		// Two keys' first events are refused by the broker for themselves (before and
+		// during an outage ten retry horizons long): each is dead-lettered and holds its key,
+		// whose later events wait through the outage. Then one dead letter is replayed — it
+		// goes first, then its key's other events — and the other discarded: its key moves
+		// on. Everything else is delivered in key order, with no other dead letter.
+		var published []outbox.Encodable
+		publish := func(events ...outbox.Encodable) {
+			mustPublish(t, f, true, events...)
+			published = append(published, events...)
+		}
+		replayed := outbox.New(Note{Text: "replayed", N: 0}, outbox.WithKey("held-replayed"))
+		discarded := outbox.New(Note{Text: "discarded", N: 0}, outbox.WithKey("held-discarded"))
+		var fixed atomic.Bool
+		b := NewBroker(nil)
+		b.reject = func(m outbox.Message) error {
+			if (m.ID == replayed.ID && !fixed.Load()) || m.ID == discarded.ID {
+				return errors.New("rejected by the broker: invalid message attribute")
+			}
+			return nil
+		}
+		g := startRelays(t, f.Store, b, relays, outageRelay("held-outage"))
+		publish(replayed, discarded, outbox.New(Note{N: 0}, outbox.WithKey("free")), outbox.New(Note{N: 0}))
+		WaitFor(t, 30*time.Second, "both refused events to be dead-lettered", func() bool { return len(deadLetters(t, f)) == 2 })
+		b.Stop()
+		for i := 1; i <= 10; i++ {
+			publish(outbox.New(Note{Text: "replayed", N: i}, outbox.WithKey("held-replayed")),
+				outbox.New(Note{Text: "discarded", N: i}, outbox.WithKey("held-discarded")),
+				outbox.New(Note{N: i}, outbox.WithKey("free")), outbox.New(Note{N: i}))
+			time.Sleep(outageHorizon)
+		}
+		WaitFor(t, 30*time.Second, "every relay to report the broker unavailable", g.brokerDown)
+		b.Start()
+		sent := func() map[string]int {
+			n := map[string]int{}
+			for _, m := range b.Sent() {
+				n[m.Key]++
+			}
+			return n
+		}
+		WaitFor(t, 30*time.Second, "the free key's and the keyless events to be delivered", func() bool {
+			s := sent()
+			return s["free"] == 11 && s[""] == 11
+		})
+		if s := sent(); s["held-replayed"] != 0 || s["held-discarded"] != 0 {
+			t.Fatalf("held keys' events were delivered while their dead letters were pending: %v", s)
+		}
+		entries, err := f.DeadLetterTable.List(context.Background(), deadletter.Filter{Status: deadletter.StatusPending})
+		if err != nil || len(entries) != 2 {
+			t.Fatalf("pending dead letters: %d, %v; want the 2 refused events", len(entries), err)
+		}
+		for _, e := range entries {
+			fixed.Store(true)
+			act := f.DeadLetterTable.Replay
+			if e.Message.ID == discarded.ID {
+				act = f.DeadLetterTable.Discard
+			}
+			if err := act(context.Background(), e.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		WaitFor(t, 30*time.Second, "the held keys' events to be delivered", func() bool {
+			s := sent()
+			return s["held-replayed"] == 11 && s["held-discarded"] == 10
+		})
+		g.stop(t)
+		var first outbox.Message
+		for _, m := range b.Sent() {
+			if m.Key == "held-replayed" {
+				first = m
+				break
+			}
+		}
+		if first.ID != replayed.ID {
+			t.Fatalf("the replayed dead letter was not the first of its key to be delivered (got %s)", first.ID)
+		}
+		if got := len(deadLetters(t, f)); got != 2 {
+			t.Fatalf("%d dead letters, want the 2 refused events only", got)
+		}
+		delivered := b.Sent()
+		var kept []outbox.Encodable
+		for _, e := range published {
+			if m, _ := e.Encode(); m.ID != discarded.ID {
+				kept = append(kept, e)
+			}
+		}
+		CheckPerKeyOrder(t, kept, delivered)
+		expectPending(t, f, 0)
 	})
 
 	t.Run("OnlyTheMessagesOwnFailuresCount", func(t *testing.T) {
