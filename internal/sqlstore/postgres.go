@@ -5,6 +5,7 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,14 +124,25 @@ func (s *pgStore) Stats(ctx context.Context) (outboxdriver.Stats, error) {
 }
 
 func (s *pgStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
-	// The columns by name: a claim function of an older migration 004 (without
-	// first_failed_at) fails as a schema to migrate, not as a scan that does not fit.
-	rows, err := s.db.Query(ctx, "SELECT "+claimColumns+" FROM "+s.n.ClaimFunc+"($1, $2, $3, $4, $5, $6)",
-		p.Owner, p.Token, p.Limit, p.Lease.Milliseconds(), p.Lane, p.Lanes)
+	loop := pgLoopOf(p.State)
+	window, probe, backlog := loop.args(p.Limit)
+	// The columns by name: a claim function of an older migration 004 fails as a schema to
+	// migrate, not as a scan that does not fit.
+	rows, err := s.db.Query(ctx, "SELECT "+claimColumns+", step FROM "+s.n.ClaimFunc+"($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+		p.Owner, p.Token, p.Limit, p.Lease.Milliseconds(), p.Lane, p.Lanes, window, probe, backlog, rand.Float64())
 	if err != nil {
 		return nil, err
 	}
-	return ScanClaimed(rows, p.Limit)
+	var (
+		step  int16
+		steps pgClaimSteps
+	)
+	claimed, err := scanClaimed(rows, p.Limit, func() { steps.count(step) }, &step)
+	if err != nil {
+		return nil, err
+	}
+	loop.learn(p.Limit, steps)
+	return claimed, nil
 }
 
 // ScanClaimed reads claimed rows (claimColumns; times as times or as text) and returns them
@@ -139,17 +151,26 @@ func (s *pgStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outb
 // dead-letter alone. limit is how many rows there can be at most (the claim's): the result
 // is sized for them at once instead of growing, and copying its large elements, row by row.
 func ScanClaimed(rows Rows, limit int) ([]outboxdriver.Claimed, error) {
+	return scanClaimed(rows, limit, nil)
+}
+
+// scanClaimed is ScanClaimed for rows with more columns after claimColumns: tail are their
+// scan targets, and each (if not nil) is called after each row is read into them.
+func scanClaimed(rows Rows, limit int, each func(), tail ...any) ([]outboxdriver.Claimed, error) {
 	defer rows.Close()
 	var (
 		out   = make([]outboxdriver.Claimed, 0, min(max(limit, 0), 10000))
 		r     outboxRow
-		first lenientTime                // first_failed_at: a time the relay wrote, or NULL
-		dest  = append(r.dest(), &first) // one row and its targets for all: message copies what it keeps
+		first lenientTime                                   // first_failed_at: a time the relay wrote, or NULL
+		dest  = append(append(r.dest(), &first), tail...) // one row and its targets for all: message copies what it keeps
 	)
 	for rows.Next() {
 		r = outboxRow{}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
+		}
+		if each != nil {
+			each()
 		}
 		c := outboxdriver.Claimed{Seq: r.seq, Attempts: r.attempts, FirstFailedAt: first.t}
 		c.Message, c.Err = r.message()

@@ -64,6 +64,8 @@ type Names struct {
 	Migrations   string
 	ClaimFunc    string // PostgreSQL: claim and complete functions
 	CompleteFunc string
+	IsFree       string // PostgreSQL: the function saying whether a row is due and not leased
+	Lease        string // PostgreSQL: the function leasing the rows a claim picked
 	ClaimLocks   string // PostgreSQL: the function taking the claims' locks of key partitions
 	WriteBacks   string // PostgreSQL: the function taking every claims' lock for a write-back
 	ClaimLock    string // MySQL: the one-row table whose row lock serialises claims
@@ -104,6 +106,8 @@ func NewNames(d Dialect, t outbox.Tables) (*Names, error) {
 		Migrations:   qual(t.Outbox + "_migrations"),
 		ClaimFunc:    qual(t.Outbox + "_claim"),
 		CompleteFunc: qual(t.Outbox + "_complete"),
+		IsFree:       qual(t.Outbox + "_is_free"),
+		Lease:        qual(t.Outbox + "_lease"),
 		ClaimLocks:   qual(t.Outbox + "_claim_locks"),
 		WriteBacks:   qual(t.Outbox + "_write_back_locks"),
 		ClaimLock:    qual(t.Outbox + "_claim_lock"),
