@@ -92,9 +92,9 @@ func claimCostEnv(b *testing.B, name string, def int) int {
 	return n
 }
 
-// claimCostBaseMigrations reads the PostgreSQL migrations of commit base with git. Its
-// claim function gets this tree's arguments, which it ignores, and returns the step column
-// this tree's store reads (3, a step that changes nothing the base reads).
+// claimCostBaseMigrations reads the PostgreSQL migrations of commit base with git. A claim
+// function of before ClaimState gets this tree's arguments, which it ignores, and returns
+// the step column this tree's store reads (3, as if from the window).
 func claimCostBaseMigrations(b *testing.B, base string) []sqlstore.Migration {
 	const dir = "internal/sqlstore/migrations/postgres"
 	git := func(args ...string) string {
@@ -113,7 +113,7 @@ func claimCostBaseMigrations(b *testing.B, base string) []sqlstore.Migration {
 			b.Fatalf("migration file %s: %v", file, err)
 		}
 		sql := git("-C", root, "show", base+":"+file)
-		if v == 4 {
+		if v == 4 && !strings.Contains(sql, "p_window integer") { // a claim of before ClaimState
 			for _, r := range [][2]string{
 				{"p_lane integer, p_lanes integer)", "p_lane integer, p_lanes integer, p_window integer, p_probe boolean, p_backlog boolean, p_start double precision)"},
 				{"attempts integer, first_failed_at timestamptz)", "attempts integer, first_failed_at timestamptz, step smallint)"},
@@ -125,6 +125,8 @@ func claimCostBaseMigrations(b *testing.B, base string) []sqlstore.Migration {
 				sql = strings.ReplaceAll(sql, r[0], r[1])
 			}
 		}
+		// Names of functions that this tree no longer has.
+		sql = strings.ReplaceAll(sql, "{{.Lease}}", `{{if .Schema}}"{{.Schema}}".{{end}}"{{.Prefix}}_lease"`)
 		out = append(out, sqlstore.Migration{Version: v, Name: name, SQL: sql})
 	}
 	return out

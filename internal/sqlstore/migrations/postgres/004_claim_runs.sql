@@ -15,7 +15,7 @@
 -- Go change and no migration. A change of the SQL ships as one small new migration that
 -- replaces the function it changes whole, CREATE OR REPLACE with the same arguments (running
 -- relays of the previous release keep calling it); new arguments add a new overload, and the
--- old one is dropped a release later. The helper functions (is_free, lease, the locks) are
+-- old one is dropped a release later. The helper functions (is_free, the locks) are
 -- separate so that such a migration replaces only what it changes.
 
 -- Keyless rows in outbox order: step 1, and keyless rows beyond the window in step 4.
@@ -29,34 +29,6 @@ LANGUAGE sql
 STABLE
 AS $fn$
     SELECT p_available_at <= now() AND (p_lease_until IS NULL OR p_lease_until <= now())
-$fn$;
-
--- Leases the rows at p_ctids (places in the heap) that are still free on their latest
--- versions, skipping those another transaction holds (O5), and returns them with p_step.
--- The one lease statement: every step of the claim picks its rows and hands them here.
--- By ctid, from an array: a join would hash the whole table; the locking subquery returns
--- the places of the rows it locked (their latest versions), which stay put while locked.
-CREATE FUNCTION {{.Lease}}(p_ctids tid[], p_owner text, p_token bigint, p_lease_ms bigint, p_step smallint)
-RETURNS TABLE (seq bigint, id text, type text, key text, headers text, content_type text,
-               body bytea, created_at timestamptz, attempts integer, first_failed_at timestamptz,
-               step smallint)
-LANGUAGE plpgsql
-AS $fn$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    UPDATE {{.Outbox}} AS o
-       SET claim_token = p_token,
-           lease_owner = p_owner,
-           lease_until = now() + p_lease_ms * interval '1 millisecond',
-           attempts    = o.attempts + 1
-     WHERE o.ctid = ANY (ARRAY(
-            SELECT x.ctid FROM {{.Outbox}} AS x
-             WHERE x.ctid = ANY (p_ctids) AND {{.IsFree}}(x.available_at, x.lease_until)
-               FOR UPDATE SKIP LOCKED))
-    RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
-              o.body, o.created_at, o.attempts, o.first_failed_at, p_step;
-END
 $fn$;
 
 -- Takes the claims' advisory locks of the key partitions in p_want (bit p: partition p),
@@ -95,7 +67,8 @@ BEGIN
 END
 $fn$;
 
--- The claim, in five steps (each below, with what it costs):
+-- The claim, in five steps; each step that picks rows hands their places in the heap (ctid)
+-- to the one lease statement at the end of the loop:
 --
 -- 1. An outbox with no keyed row (one probe of the keyed index; skipped when p_probe is
 --    false, while the loop's claims come back full of keyed work) is a plain queue: the
@@ -148,6 +121,8 @@ AS $fn$
 #variable_conflict use_column
 DECLARE
     v_window  integer := greatest(p_window, 1);
+    v_step    smallint := 3;     -- the step to run next
+    v_pick    tid[];             -- the rows the step picked, for the lease statement
     -- The partitions (bit p: hashtext(key) & 15 = p) of this loop's share, the one to wait
     -- for, those of this pass of steps 3-4 (step 5 adds others; 0: no lock yet), and all held.
     v_share   integer := 0;
@@ -168,115 +143,121 @@ DECLARE
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
 
-    -- 1. The keyless queue.
     IF p_probe AND NOT EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key <> '') THEN
-        RETURN QUERY SELECT * FROM {{.Lease}}(ARRAY(
-            SELECT x.ctid FROM {{.Outbox}} AS x
-             WHERE x.key = '' AND {{.IsFree}}(x.available_at, x.lease_until)
-             ORDER BY x.seq
-             LIMIT p_limit
-               FOR UPDATE SKIP LOCKED), p_owner, p_token, p_lease_ms, 1::smallint);
-        RETURN;
-    END IF;
-
-    -- 2. The locks.
-    IF p_lanes <= 1 OR NOT p_backlog THEN
-        IF pg_try_advisory_xact_lock({{.LockKey}}) THEN
-            v_held := 65535;
-        END IF;
-    END IF;
-    IF v_held = 0 THEN
-        v_shared := pg_try_advisory_xact_lock_shared({{.LockKey}});
-        IF v_shared THEN
-            v_first := CASE WHEN p_lanes > 1 THEN abs(p_lane) % least(p_lanes, 16) ELSE 0 END;
-            FOR v_p IN v_first..15 BY greatest(least(p_lanes, 16), 1) LOOP
-                v_share := v_share | (1 << v_p);
-            END LOOP;
-            v_held := {{.ClaimLocks}}(v_share, -1);
-            IF v_held = 0 AND v_share <> 65535 THEN
-                v_held := {{.ClaimLocks}}(65535 & ~v_share, -1);
-            END IF;
-        END IF;
-    END IF;
-    v_all := v_held;
-
-    LOOP
-        IF v_queue THEN
-            IF v_shared THEN
-                v_held := {{.ClaimLocks}}(v_share, v_first);
-            ELSE
-                PERFORM pg_advisory_xact_lock({{.LockKey}});
+        v_step := 1;
+    ELSE
+        -- 2. The locks.
+        IF p_lanes <= 1 OR NOT p_backlog THEN
+            IF pg_try_advisory_xact_lock({{.LockKey}}) THEN
                 v_held := 65535;
             END IF;
-            v_all := v_held;
-            v_queue := false;
         END IF;
-
-        -- 3. The window (O4). Under a partition's lock only Complete can hold a keyed row,
-        --    one it is deleting after delivery, so SKIP LOCKED never lets a row overtake
-        --    one of its key still to be sent (O5).
-        IF v_held <> 0 THEN
-            RETURN QUERY SELECT * FROM {{.Lease}}(ARRAY(
-                WITH w AS MATERIALIZED (
-                    -- (The count of partitions held: the 1s of v_held.)
-                    SELECT o.ctid, o.seq, o.key, {{.IsFree}}(o.available_at, o.lease_until) AS free
-                      FROM (SELECT o.ctid, o.seq, o.key, o.available_at, o.lease_until
-                              FROM {{.Outbox}} AS o ORDER BY o.seq
-                             LIMIT v_window * least(16 / greatest(length(replace(v_held::bit(16)::text, '0', '')), 1), 4)) AS o
-                     WHERE o.key = '' OR v_held & (1 << (hashtext(o.key) & 15)) <> 0
-                     ORDER BY o.seq
-                     LIMIT v_window),
-                -- Each key of the window with a run: its head (first seq) and stop (the seq
-                -- of its first row that is not free, or none); its run is its rows before
-                -- stop. (Aggregates, not window functions over every row: this runs under
-                -- the lock.)
-                k AS (
-                    SELECT w.key, min(w.seq) AS head,
-                           coalesce(min(w.seq) FILTER (WHERE NOT w.free), 9223372036854775807) AS stop
-                      FROM w WHERE w.key <> ''
-                     GROUP BY w.key
-                    HAVING min(w.seq) < coalesce(min(w.seq) FILTER (WHERE NOT w.free), 9223372036854775807))
-                -- The keys whose head is at most the median head (the older half) first.
-                SELECT w.ctid FROM w LEFT JOIN k ON k.key = w.key
-                 WHERE CASE WHEN w.key = '' THEN w.free ELSE w.seq < k.stop END
-                 ORDER BY w.key <> '' AND k.head > (SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY m.head) FROM k AS m), w.seq
-                 LIMIT p_limit - v_n), p_owner, p_token, p_lease_ms, 3::smallint);
-            GET DIAGNOSTICS v_more = ROW_COUNT;
-            v_n := v_n + v_more;
-            EXIT WHEN v_n >= p_limit;
-        END IF;
-        -- Past the window only if it is full: otherwise the whole outbox is in it.
-        v_deep := EXISTS (SELECT 1 FROM {{.Outbox}} AS o ORDER BY o.seq OFFSET v_window - 1 LIMIT 1);
-        -- The free work the window holds (v_free). A claim without a lock waits for one if
-        -- there is any (the first find is enough); one that the whole outbox, in the window,
-        -- left short adds the partitions of what it finds (step 5). A head is a free row with
-        -- no earlier row of its key; an earlier row of a key in the window is in the window,
-        -- so its probes start at the outbox's first row, not at the deleted rows before it
-        -- that vacuum has not removed.
-        IF v_held = 0 OR (NOT v_deep AND v_all <> 65535) THEN
-            SELECT coalesce(bit_or(x.bit), 0) INTO v_free FROM (
-                SELECT CASE WHEN w.key = '' THEN 65536 ELSE 1 << (hashtext(w.key) & 15) END AS bit
-                  FROM (SELECT o.seq, o.key, o.available_at, o.lease_until
-                          FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
-                 WHERE {{.IsFree}}(w.available_at, w.lease_until) AND (w.key = '' OR NOT EXISTS (
-                        SELECT 1 FROM {{.Outbox}} AS p
-                         WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
-                           AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1)))
-                 LIMIT CASE WHEN v_held = 0 THEN 1 ELSE v_window END) AS x;
-            IF v_held = 0 AND v_free <> 0 THEN
-                v_queue := true;
-                CONTINUE;
+        IF v_held = 0 THEN
+            v_shared := pg_try_advisory_xact_lock_shared({{.LockKey}});
+            IF v_shared THEN
+                v_first := CASE WHEN p_lanes > 1 THEN abs(p_lane) % least(p_lanes, 16) ELSE 0 END;
+                FOR v_p IN v_first..15 BY greatest(least(p_lanes, 16), 1) LOOP
+                    v_share := v_share | (1 << v_p);
+                END LOOP;
+                v_held := {{.ClaimLocks}}(v_share, -1);
+                IF v_held = 0 AND v_share <> 65535 THEN
+                    v_held := {{.ClaimLocks}}(65535 & ~v_share, -1);
+                END IF;
             END IF;
         END IF;
+        v_all := v_held;
+    END IF;
 
-        -- 4. Beyond the window (O4). Without a lock (other claims hold them all) this only
-        --    decides whether to wait for one.
-        IF v_deep THEN
+    LOOP
+        v_pick := NULL;
+        IF v_step = 1 THEN
+            -- 1. The keyless queue.
+            v_pick := ARRAY(
+                SELECT x.ctid FROM {{.Outbox}} AS x
+                 WHERE x.key = '' AND {{.IsFree}}(x.available_at, x.lease_until)
+                 ORDER BY x.seq
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED);
+
+        ELSIF v_step = 3 THEN
+            IF v_queue THEN
+                IF v_shared THEN
+                    v_held := {{.ClaimLocks}}(v_share, v_first);
+                ELSE
+                    PERFORM pg_advisory_xact_lock({{.LockKey}});
+                    v_held := 65535;
+                END IF;
+                v_all := v_held;
+                v_queue := false;
+            END IF;
+            -- 3. The window (O4). Under a partition's lock only Complete can hold a keyed
+            --    row, one it is deleting after delivery, so SKIP LOCKED never lets a row
+            --    overtake one of its key still to be sent (O5).
+            IF v_held <> 0 THEN
+                v_pick := ARRAY(
+                    WITH w AS MATERIALIZED (
+                        -- (The count of partitions held: the 1s of v_held.)
+                        SELECT o.ctid, o.seq, o.key, {{.IsFree}}(o.available_at, o.lease_until) AS free
+                          FROM (SELECT o.ctid, o.seq, o.key, o.available_at, o.lease_until
+                                  FROM {{.Outbox}} AS o ORDER BY o.seq
+                                 LIMIT v_window * least(16 / greatest(length(replace(v_held::bit(16)::text, '0', '')), 1), 4)) AS o
+                         WHERE o.key = '' OR v_held & (1 << (hashtext(o.key) & 15)) <> 0
+                         ORDER BY o.seq
+                         LIMIT v_window),
+                    -- Each key of the window with a run: its head (first seq) and stop (the
+                    -- seq of its first row that is not free, or none); its run is its rows
+                    -- before stop. (Aggregates, not window functions over every row: this
+                    -- runs under the lock.)
+                    k AS (
+                        SELECT w.key, min(w.seq) AS head,
+                               coalesce(min(w.seq) FILTER (WHERE NOT w.free), 9223372036854775807) AS stop
+                          FROM w WHERE w.key <> ''
+                         GROUP BY w.key
+                        HAVING min(w.seq) < coalesce(min(w.seq) FILTER (WHERE NOT w.free), 9223372036854775807))
+                    -- The keys whose head is at most the median head (the older half) first.
+                    SELECT w.ctid FROM w LEFT JOIN k ON k.key = w.key
+                     WHERE CASE WHEN w.key = '' THEN w.free ELSE w.seq < k.stop END
+                     ORDER BY w.key <> '' AND k.head > (SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY m.head) FROM k AS m), w.seq
+                     LIMIT p_limit - v_n);
+            END IF;
+
+        ELSIF v_step = 4 THEN
+            -- Past the window only if it is full: otherwise the whole outbox is in it.
+            v_deep := EXISTS (SELECT 1 FROM {{.Outbox}} AS o ORDER BY o.seq OFFSET v_window - 1 LIMIT 1);
+            -- The free work the window holds (v_free). A claim without a lock waits for one
+            -- if there is any (the first find is enough); one that the whole outbox, in the
+            -- window, left short adds the partitions of what it finds (step 5). A head is a
+            -- free row with no earlier row of its key; an earlier row of a key in the window
+            -- is in the window, so its probes start at the outbox's first row, not at the
+            -- deleted rows before it that vacuum has not removed.
+            IF v_held = 0 OR (NOT v_deep AND v_all <> 65535) THEN
+                SELECT coalesce(bit_or(x.bit), 0) INTO v_free FROM (
+                    SELECT CASE WHEN w.key = '' THEN 65536 ELSE 1 << (hashtext(w.key) & 15) END AS bit
+                      FROM (SELECT o.seq, o.key, o.available_at, o.lease_until
+                              FROM {{.Outbox}} AS o ORDER BY o.seq LIMIT v_window) AS w
+                     WHERE {{.IsFree}}(w.available_at, w.lease_until) AND (w.key = '' OR NOT EXISTS (
+                            SELECT 1 FROM {{.Outbox}} AS p
+                             WHERE p.key = w.key AND p.key <> '' AND p.seq < w.seq
+                               AND p.seq >= (SELECT f.seq FROM {{.Outbox}} AS f ORDER BY f.seq LIMIT 1)))
+                     LIMIT CASE WHEN v_held = 0 THEN 1 ELSE v_window END) AS x;
+                IF v_held = 0 AND v_free <> 0 THEN
+                    v_queue := true;
+                    v_step := 3;
+                    CONTINUE;
+                END IF;
+            END IF;
+            IF NOT v_deep THEN
+                EXIT WHEN v_held = 0;
+                v_step := 5;
+                CONTINUE;
+            END IF;
+
+            -- 4. Beyond the window (O4). Without a lock (other claims hold them all) this
+            --    only decides whether to wait for one. The first row of each key (by the
+            --    (key, seq) index): from v_start upwards, then from the lowest key up to it.
             v_start := coalesce((SELECT o.key FROM {{.Outbox}} AS o WHERE o.key <> '' AND o.seq = ANY (ARRAY(
                                     SELECT x.seq FROM {{.Outbox}} AS x ORDER BY x.seq
-                                    OFFSET floor(least(greatest(p_start, 0), 1) * (v_window - 1)) LIMIT 1))), '');
-            -- The first row of each key (by the (key, seq) index): from v_start upwards, then
-            -- from the lowest key up to v_start.
+                                    OFFSET floor(abs(p_start) * v_window)::bigint % v_window LIMIT 1))), '');
             WITH RECURSIVE
             upper AS (
                 (SELECT o.key, o.seq, o.available_at, o.lease_until, o.claim_token
@@ -315,18 +296,17 @@ BEGIN
                    ARRAY(SELECT h.seq FROM heads AS h ORDER BY h.seq)
               INTO v_keys, v_heads;
             IF v_held = 0 THEN
-                IF cardinality(v_keys) = 0 AND NOT EXISTS (SELECT 1 FROM {{.Outbox}} AS o WHERE o.key = '' AND {{.IsFree}}(o.available_at, o.lease_until)) THEN
-                    RETURN;
-                END IF;
+                EXIT WHEN cardinality(v_keys) = 0 AND NOT EXISTS (
+                    SELECT 1 FROM {{.Outbox}} AS o WHERE o.key = '' AND {{.IsFree}}(o.available_at, o.lease_until));
                 v_queue := true;
+                v_step := 3;
                 CONTINUE;
             END IF;
-
             -- Each key's run from its head, after this claim's own rows of step 3 (they are
             -- its first rows), while its rows are free; merged with the free keyless rows in
             -- waves (the n-th row of every run in wave n), the older half of the keys first.
             v_half := greatest((cardinality(v_keys) + 1) / 2, 1);
-            RETURN QUERY SELECT * FROM {{.Lease}}(ARRAY(
+            v_pick := ARRAY(
                 SELECT c.ctid FROM (
                     (SELECT o.ctid, o.seq, false AS later, 1::bigint AS wave
                        FROM {{.Outbox}} AS o
@@ -348,26 +328,47 @@ BEGIN
                                      LIMIT (p_limit - v_n + v_half - 1) / v_half) AS o) AS x
                          WHERE x.run) AS r) AS c
                  ORDER BY c.later, c.wave, c.seq
-                 LIMIT p_limit - v_n), p_owner, p_token, p_lease_ms, 4::smallint);
-            GET DIAGNOSTICS v_more = ROW_COUNT;
-            v_n := v_n + v_more;
-            EXIT WHEN v_n >= p_limit;
-        ELSIF v_held = 0 THEN
-            RETURN;
+                 LIMIT p_limit - v_n);
+
+        ELSE
+            -- 5. More partitions: those that no claim holds now. Past a full window any of
+            --    them may have work; otherwise only those of which the window (the whole
+            --    outbox) holds a free head, as a relay at low load finds.
+            v_want := 65535 & ~v_all;
+            IF NOT v_deep THEN
+                v_want := v_want & v_free;
+            END IF;
+            EXIT WHEN v_want = 0;
+            v_more := {{.ClaimLocks}}(v_want, -1);
+            EXIT WHEN v_more = 0;
+            v_held := v_more;
+            v_all := v_all | v_more;
+            v_step := 3;
+            CONTINUE;
         END IF;
 
-        -- 5. More partitions: those that no claim holds now. Past a full window any of them
-        --    may have work; otherwise only those of which the window (the whole outbox)
-        --    holds a free head, as a relay at low load finds.
-        v_want := 65535 & ~v_all;
-        IF NOT v_deep THEN
-            v_want := v_want & v_free;
+        -- The lease (O5): the rows picked that are still free on their latest versions, but
+        -- those another transaction holds. By ctid, from an array (a join would hash the
+        -- whole table); the locking subquery returns the places of the rows it locked (their
+        -- latest versions), which stay put while locked.
+        IF v_pick IS NOT NULL THEN
+            RETURN QUERY
+            UPDATE {{.Outbox}} AS o
+               SET claim_token = p_token,
+                   lease_owner = p_owner,
+                   lease_until = now() + p_lease_ms * interval '1 millisecond',
+                   attempts    = o.attempts + 1
+             WHERE o.ctid = ANY (ARRAY(
+                    SELECT x.ctid FROM {{.Outbox}} AS x
+                     WHERE x.ctid = ANY (v_pick) AND {{.IsFree}}(x.available_at, x.lease_until)
+                       FOR UPDATE SKIP LOCKED))
+            RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
+                      o.body, o.created_at, o.attempts, o.first_failed_at, v_step;
+            GET DIAGNOSTICS v_more = ROW_COUNT;
+            v_n := v_n + v_more;
+            EXIT WHEN v_step = 1 OR v_n >= p_limit;
         END IF;
-        EXIT WHEN v_want = 0;
-        v_more := {{.ClaimLocks}}(v_want, -1);
-        EXIT WHEN v_more = 0;
-        v_held := v_more;
-        v_all := v_all | v_more;
+        v_step := CASE v_step WHEN 3 THEN 4 ELSE 5 END;
     END LOOP;
 END
 $fn$;
