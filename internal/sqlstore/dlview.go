@@ -28,8 +28,8 @@ const (
 )
 
 // DeadLetterSummary is a dead letter as a list shows it: Message.Body, Message.Headers and
-// Raw are left out (nil), its text columns are cut (to 200 characters, the reason to 1,000), and BodyBytes and
-// RawBytes say how large what was left out is.
+// Raw are left out (nil), its text columns are cut (to 200 characters, the reason to 1,000,
+// ending in "…"), and BodyBytes and RawBytes say how large what was left out is.
 type DeadLetterSummary struct {
 	deadletter.Entry
 	BodyBytes int64

@@ -15,11 +15,12 @@ import (
 // its seq (held_seq). Every dialect's claim already refuses a row whose earlier row of the
 // same key is leased or waiting for a retry; a held row is a row waiting for a retry that
 // never comes due, so no claim takes it or a later row of its key, whatever path the claim
-// takes (docs/ordering.md, "The argument", O7). It is the first row of its key: the relay claims a
-// key's rows in seq order and dead-letters a row only when no earlier row of its key is in
-// the outbox. Replaying the dead letter makes the row due again where it stands, its key's
+// takes (docs/ordering.md, O7). It is the first row of its key: the relay claims a key's
+// rows in seq order and dead-letters a row only when no earlier row of its key is in the
+// outbox. Replaying the dead letter makes the row due again where it stands, its key's
 // head, so it goes first (same seq; attempts and failure times reset, marked as a replay);
-// discarding it deletes the row, and the key moves on.
+// discarding it deletes the row, and the key moves on (deadletters.go). The consumer's
+// held keys are keyhold.go's.
 
 // holdSplit returns the seqs of dead whose rows are to be held, and those to be deleted.
 // The store holds a row only if it is keyed: a keyless row asked to be held is deleted.

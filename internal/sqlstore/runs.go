@@ -202,7 +202,7 @@ func (s *leaseStore) planDeep(ctx context.Context, q Querier, window []claimRow,
 }
 
 // onlyKeyless reports whether the outbox holds no keyed row (one probe of the keyed index):
-// then a claim is a plain queue read of the oldest free rows, which need no order.
+// then a claim is a plain queue read of the oldest free rows, which need no order (O2).
 func (s *leaseStore) onlyKeyless(ctx context.Context, q Querier) (bool, error) {
 	rows, err := q.Query(ctx, "SELECT 1 FROM "+s.n.Outbox+" WHERE "+s.sql.key+" <> '' LIMIT 1")
 	if err != nil {
@@ -219,7 +219,8 @@ func (s *leaseStore) oldestKeyless() string {
 }
 
 // free is the dialect's "row is due and not leased" expression over the columns of alias
-// ("" for none).
+// ("" for none): the one definition of a free row for MySQL and SQLite (docs/ordering.md,
+// O1), as PostgreSQL's is its is_free function.
 func (s *leaseStore) free(alias string) string {
 	p := ""
 	if alias != "" {
@@ -254,7 +255,8 @@ func (s *leaseStore) claimRows(ctx context.Context, q Querier, query string, arg
 // keepRuns returns the candidates to keep once the rows in got have been locked (MySQL) or
 // leased (SQLite): every keyless one in got, and of each key the candidates up to its
 // first one missing from got — a row that another claim took since the plan, or that a
-// write-back holds, ends its key's run. The rest are the candidates in got to give back.
+// write-back holds, ends its key's run (docs/ordering.md, O5). The rest are the candidates
+// in got to give back.
 func keepRuns(cands []claimCandidate, got map[int64]bool) (keep, giveBack []int64) {
 	ended := map[string]bool{}
 	bySeq := slices.Clone(cands)
