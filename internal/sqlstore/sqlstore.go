@@ -3,17 +3,19 @@
 // caller's connection or transaction into a [Querier].
 //
 // Its files, by concern. Shared by every dialect: names.go (validated table names),
-// migrate.go and schema.go (migrations, their state, Validate), encode.go and scan.go
-// (rows in and out, the one lenient time scanner), store.go (the relay store every dialect
+// migrate.go and schema.go (migrations, their state, Validate), encode.go and scan.go (rows
+// in and out, the one lenient time scanner), store.go (the relay store every dialect
 // returns), classify.go (what a database's error means), storable.go (dead letters stored
 // whatever their content), deadletters.go (the dead-letter table), writeback.go (the relay's
 // move of rows to it), hold.go and keyhold.go (held keys: the relay's and the consumer's),
 // consumer.go and inbox.go (the inbox), stats.go, publish.go, operate.go and dlview.go (the
-// operator's queries), stdlib.go (database/sql). Each dialect's SQL is beside it:
-// postgres*.go with migrations/postgres (its claim is the function of migration 004, fed by
-// postgres_claim.go), mysql*.go and sqlite*.go with theirs; MySQL's and SQLite's claims are
-// Go code that plans runs of keys in runs.go, on the write-backs of leasestore.go. Why per-key
-// order holds is argued once, in docs/ordering.md.
+// operator's queries), stdlib.go (database/sql). The shared SQL is written with "?"
+// placeholders and the fragments each dialect gives it (fragments.go). Each dialect's own SQL
+// is beside it: postgres*.go with migrations/postgres (its claim is the function of
+// migration 004, called by postgres_store.go with the state postgres_claim.go keeps),
+// mysql*.go and sqlite*.go with theirs; MySQL's and SQLite's claims are Go code that plans
+// runs of keys in runs.go, on the write-backs of leasestore.go. Why per-key order holds is
+// argued once, in docs/ordering.md.
 package sqlstore
 
 import (

@@ -3,7 +3,11 @@
 --
 -- Why no row is claimed while an earlier row of its key is leased, waiting or held — with
 -- several relays, late commits and stale write-backs — is argued once, step by step, in
--- docs/ordering.md ("The argument"); the comments below cite its rules as (O1)…(O8).
+-- docs/ordering.md ("The argument"); the comments below cite its rules as (O1)…(O8). Two
+-- of them need no statement of their own: a held row (a dead letter's, available_at
+-- 'infinity') is a row that is never free, so every step below ends its key's run there (O7);
+-- and no claim keeps a cursor, each reads from the outbox's first row and each key's first
+-- row, so a row that commits late is taken once visible, never skipped (O8).
 --
 -- The claim depends only on its arguments and the table. What a relay loop learns from its
 -- claims (whether they come back full, how wide a window finds enough) is kept by the Go
