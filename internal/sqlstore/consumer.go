@@ -51,6 +51,13 @@ func Consumer(d Dialect) (ConsumerDialect, error) {
 	return c, nil
 }
 
+// insertInbox is InsertInbox for the dialects with INSERT ... ON CONFLICT DO NOTHING
+// RETURNING (PostgreSQL, SQLite): the row comes back only when it is new.
+func (s *dialectSQL) insertInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	return scanRow(ctx, q, nil, s.rebind("INSERT INTO "+n.Inbox+" (consumer, event_id) VALUES (?, "+s.uuidParam+
+		") ON CONFLICT DO NOTHING RETURNING 1"), k.Consumer, k.EventID.String())
+}
+
 // SeenInbox implements ConsumerDialect for every dialect.
 func (s *dialectSQL) SeenInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
 	return scanRow(ctx, q, nil, s.rebind("SELECT 1 FROM "+n.Inbox+" WHERE consumer = ? AND event_id = "+s.uuidParam),

@@ -9,8 +9,9 @@ import (
 
 // PostgreSQL's inbox statements of its own; the others are shared (consumer.go).
 
-func (postgres) InsertInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
-	return scanRow(ctx, q, nil, "INSERT INTO "+n.Inbox+" (consumer, event_id) VALUES ($1, $2::uuid) ON CONFLICT DO NOTHING RETURNING 1", k.Consumer, k.EventID.String())
+// InsertInbox is the shared ON CONFLICT DO NOTHING statement (consumer.go).
+func (d postgres) InsertInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	return d.insertInbox(ctx, q, n, k)
 }
 
 // InsertInboxMany inserts the keys with one INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
