@@ -69,6 +69,20 @@ type ClaimParams struct {
 	// each other (PostgreSQL's does); it must never make order depend on it. Zero Lanes
 	// is one lane.
 	Lane, Lanes int
+	// State is what the store remembers of the claim loop's earlier claims: the relay keeps
+	// one per loop and passes it to each of the loop's claims in turn, never to two at once.
+	// A store may keep there whatever sizes its next claim better (PostgreSQL's keeps whether
+	// the loop's claims come back full, and how wide a window finds them enough); it must
+	// never make order depend on it. nil is a claim without a history (Relay.RunOnce, tests):
+	// the store claims as for a loop's first claim.
+	State *ClaimState
+}
+
+// ClaimState is a claim loop's memory for its store ([ClaimParams.State]). What it holds is
+// the store's own: the relay creates it empty and never reads it.
+type ClaimState struct {
+	// Store is the store's value, set by its first claim of the loop.
+	Store any
 }
 
 // Claimed is a message leased by [Store.Claim].

@@ -332,6 +332,7 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 	defer timer.Stop()
 	<-timer.C
 	polling := false
+	state := new(outboxdriver.ClaimState) // this loop's, for its store (ClaimParams.State)
 	defer func() {
 		if polling {
 			<-r.poll
@@ -346,7 +347,7 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 		if brokerProbe {
 			limit = 1 // one message tells whether the broker is back
 		}
-		c := r.runOnce(ctx, lane, limit)
+		c := r.runOnce(ctx, lane, limit, state)
 		if c.claimErr != nil {
 			r.broker.Inconclusive(brokerProbe)
 			if errors.Is(c.claimErr, outbox.ErrSchema) {
@@ -429,7 +430,7 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 // When the broker is unavailable ([outbox.IsUnavailable]) it gives back what it did not send,
 // without counting an attempt, and returns an error wrapping [outbox.ErrUnavailable].
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	c := r.runOnce(ctx, 0, r.cfg.BatchSize)
+	c := r.runOnce(ctx, 0, r.cfg.BatchSize, nil)
 	switch {
 	case c.claimErr != nil:
 		return 0, c.claimErr
@@ -448,8 +449,9 @@ type cycle struct {
 	answered    bool  // the broker accepted a message, or refused one for reasons of its own
 }
 
-// runOnce is RunOnce as the loop of the given lane, claiming up to limit messages.
-func (r *Relay) runOnce(ctx context.Context, lane, limit int) cycle {
+// runOnce is RunOnce as the loop of the given lane, claiming up to limit messages with the
+// loop's claim state (nil for none).
+func (r *Relay) runOnce(ctx context.Context, lane, limit int, state *outboxdriver.ClaimState) cycle {
 	if err := ctx.Err(); err != nil {
 		return cycle{claimErr: fmt.Errorf("outbox: claiming messages: %w", err)}
 	}
@@ -469,6 +471,7 @@ func (r *Relay) runOnce(ctx context.Context, lane, limit int) cycle {
 		Lease: r.cfg.Lease,
 		Lane:  lane,
 		Lanes: r.cfg.Concurrency,
+		State: state,
 	})
 	cancel()
 	if err != nil {

@@ -1,18 +1,24 @@
 package sqlstore
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
-	"strconv"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/idempotency"
 )
+
+// This file is the consumer side of a dialect: the inbox's statements (those that differ by
+// dialect are in postgres_inbox.go, mysql_inbox.go and sqlite_inbox.go) and the dead-letter
+// table. inbox.go builds idempotency.Inbox on them.
 
 // ConsumerDialect is the consumer side of a dialect: the inbox (idempotency keys, and the
 // HTTP responses stored with them) and the dead-letter table.
@@ -45,113 +51,112 @@ func Consumer(d Dialect) (ConsumerDialect, error) {
 	return c, nil
 }
 
-// forReplay returns the message of dead letter e (ID id), marked as its replay (see
-// outbox.ReplayHeader), ready to go back into the outbox; or an error wrapping
-// deadletter.ErrNotReplayable when e cannot be rebuilt into the event it was.
-func forReplay(id int64, e deadletter.Entry) (outbox.Message, error) {
-	m := e.Message
-	why := ""
-	switch {
-	case e.Kind == deadletter.KindMalformed || e.Kind == deadletter.KindUnreadableRow:
-		why = fmt.Sprintf("it is %s: its envelope was never read in full", e.Kind)
-	case m.ID == uuid.Nil:
-		why = "it has no event ID (the message was never decoded)"
-	case e.Raw != nil && changedToStore(e):
-		why = "its event had to be changed to be stored (its Raw holds the original)"
-	}
-	if why != "" {
-		return m, fmt.Errorf("%w: dead letter %d: %s", deadletter.ErrNotReplayable, id, why)
-	}
-	if err := m.Validate(); err != nil {
-		return m, fmt.Errorf("%w: dead letter %d: %w", deadletter.ErrNotReplayable, id, err)
-	}
-	m.Headers = maps.Clone(m.Headers)
-	if m.Headers == nil {
-		m.Headers = map[string]string{}
-	}
-	m.Headers[outbox.ReplayHeader] = strconv.FormatInt(id, 10)
-	return m, nil
+// insertInbox is InsertInbox for the dialects with INSERT ... ON CONFLICT DO NOTHING
+// RETURNING (PostgreSQL, SQLite): the row comes back only when it is new.
+func (s *dialectSQL) insertInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	return scanRow(ctx, q, nil, s.rebind("INSERT INTO "+n.Inbox+" (consumer, event_id) VALUES (?, "+s.uuidParam+
+		") ON CONFLICT DO NOTHING RETURNING 1"), k.Consumer, k.EventID.String())
 }
 
-// replayableInPlace fails, wrapping deadletter.ErrNotReplayable, for an entry holding a row
-// that the relay could not read (replayed, it would only fail again: discard it, which
-// releases its key, and publish the event repaired). The held row is the event as it was
-// published, so an entry whose fields had to change to be stored replays in place.
-func replayableInPlace(id int64, e deadletter.Entry) error {
-	if e.Kind == deadletter.KindUnreadableRow || e.Kind == deadletter.KindMalformed {
-		return fmt.Errorf("%w: dead letter %d: it is %s: its outbox row %d cannot be read as an event (discard it to release its key)",
-			deadletter.ErrNotReplayable, id, e.Kind, e.HeldSeq)
-	}
-	return nil
+// SeenInbox implements ConsumerDialect for every dialect.
+func (s *dialectSQL) SeenInbox(ctx context.Context, q Querier, n *Names, k idempotency.Key) (bool, error) {
+	return scanRow(ctx, q, nil, s.rebind("SELECT 1 FROM "+n.Inbox+" WHERE consumer = ? AND event_id = "+s.uuidParam),
+		k.Consumer, k.EventID.String())
 }
 
-// changedToStore reports whether the event of e differs from its Raw original.
-func changedToStore(e deadletter.Entry) bool {
-	r, m := e.Raw, e.Message
-	return r.Type != m.Type || r.Key != m.Key || r.ContentType != m.ContentType ||
-		r.ID != "" && r.ID != m.ID.String() || r.CreatedAt != "" || r.HeadersText != "" ||
-		r.Body != nil || !maps.Equal(r.Headers, m.Headers)
-}
-
-// listWhere turns a dead-letter filter into "?"-placeholder conditions, their arguments
-// and the row limit (default 100, at most 10,000). bindTime binds a time the way the dialect
-// stores the table's times; contains is the dialect's condition "reason contains ?".
-func listWhere(f deadletter.Filter, bindTime func(time.Time) any, contains string) (where []string, args []any, limit int) {
-	add := func(cond string, v any) {
-		where = append(where, cond)
-		args = append(args, v)
-	}
-	if f.Status != "" {
-		add("status = ?", string(f.Status))
-	}
-	if f.Stage != "" {
-		add("stage = ?", string(f.Stage))
-	}
-	if f.Consumer != "" {
-		add("consumer = ?", f.Consumer)
-	}
-	if f.EventType != "" {
-		add("event_type = ?", f.EventType)
-	}
-	if f.Kind != "" {
-		add("kind = ?", string(f.Kind))
-	}
-	if f.EventID != uuid.Nil {
-		add("event_id = ?", f.EventID.String())
-	}
-	if f.BrokerMessageID != "" {
-		add("broker_message_id = ?", f.BrokerMessageID)
-	}
-	if f.ReasonContains != "" {
-		add(contains, f.ReasonContains)
-	}
-	if !f.Since.IsZero() {
-		add("last_failed_at >= ?", bindTime(f.Since))
-	}
-	if !f.Until.IsZero() {
-		add("last_failed_at < ?", bindTime(f.Until))
-	}
-	add("id > ?", f.AfterID)
-	limit = f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	return where, args, min(limit, 10000)
-}
-
-// scanOne runs a query expected to return at most one row of one column and reports
-// whether it returned one.
-func scanOne(ctx context.Context, q Querier, dest any, query string, args ...any) (bool, error) {
-	rows, err := q.Query(ctx, query, args...)
+// PruneInbox implements ConsumerDialect for every dialect: the inbox, then the stored
+// responses.
+func (s *dialectSQL) PruneInbox(ctx context.Context, q Querier, n *Names, olderThan time.Duration, limit int) (int64, error) {
+	ago, arg := s.ago(olderThan)
+	count, err := s.deleteSome(ctx, q, n.Inbox, "processed_at < "+ago, []any{arg}, limit)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
-	defer rows.Close()
-	found := rows.Next()
-	if found && dest != nil {
-		if err := rows.Scan(dest); err != nil {
-			return false, err
+	if _, err := s.deleteSome(ctx, q, n.Responses, "processed_at < "+ago, []any{arg}, limit); err != nil {
+		return count, err
+	}
+	return count, nil
+}
+
+// SaveResponse implements ConsumerDialect for every dialect.
+func (s *dialectSQL) SaveResponse(ctx context.Context, q Querier, n *Names, k idempotency.Key, r idempotency.Response) error {
+	headers, err := json.Marshal(r.Header)
+	if err != nil {
+		return fmt.Errorf("encoding the response's header: %w", err)
+	}
+	body := r.Body
+	if body == nil {
+		body = []byte{} // NOT NULL
+	}
+	return q.Exec(ctx, s.rebind("INSERT INTO "+n.Responses+" (consumer, event_id, request_hash, status, headers, body, processed_at) VALUES (?, "+
+		s.uuidParam+", ?, ?, ?, ?, "+s.now+")"), k.Consumer, k.EventID.String(), r.RequestHash, r.Status, string(headers), body)
+}
+
+// LoadResponse implements ConsumerDialect for every dialect.
+func (s *dialectSQL) LoadResponse(ctx context.Context, q Querier, n *Names, k idempotency.Key) (idempotency.Response, bool, error) {
+	var (
+		r       idempotency.Response
+		headers string
+	)
+	found, err := scanRow(ctx, q, []any{&r.RequestHash, &r.Status, &headers, &r.Body},
+		s.rebind("SELECT request_hash, status, headers, body FROM "+n.Responses+" WHERE consumer = ? AND event_id = "+s.uuidParam),
+		k.Consumer, k.EventID.String())
+	if err != nil || !found {
+		return r, false, err
+	}
+	if err := json.Unmarshal([]byte(headers), &r.Header); err != nil {
+		return r, false, fmt.Errorf("decoding the stored header: %w", err)
+	}
+	return r, true, nil
+}
+
+// maxInboxRows caps the keys of one multi-row statement: 2 parameters each stays under the
+// 999 of SQLite builds before 3.32.
+const maxInboxRows = 400
+
+// uniqueKeys returns keys without repeats, sorted (so that two statements inserting
+// overlapping keys take their row locks in one order and never wait for each other in a
+// cycle), and each key's first index in keys.
+func uniqueKeys(keys []idempotency.Key) ([]idempotency.Key, map[idempotency.Key]int) {
+	first := make(map[idempotency.Key]int, len(keys))
+	for i, k := range keys {
+		if _, dup := first[k]; !dup {
+			first[k] = i
 		}
 	}
-	return found, rows.Err()
+	uniq := slices.SortedFunc(maps.Keys(first), func(a, b idempotency.Key) int {
+		if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.EventID[:], b.EventID[:])
+	})
+	return uniq, first
+}
+
+// keyArgs returns the (consumer, event ID text) arguments of keys, in order.
+func keyArgs(keys []idempotency.Key) []any {
+	args := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		args = append(args, k.Consumer, k.EventID.String())
+	}
+	return args
+}
+
+// scanKeys reads rows of (consumer, event ID text).
+func scanKeys(rows Rows) (map[idempotency.Key]bool, error) {
+	defer rows.Close()
+	out := map[idempotency.Key]bool{}
+	for rows.Next() {
+		var k idempotency.Key
+		var id string
+		if err := rows.Scan(&k.Consumer, &id); err != nil {
+			return nil, err
+		}
+		var err error
+		if k.EventID, err = uuid.Parse(id); err != nil {
+			return nil, err
+		}
+		out[k] = true
+	}
+	return out, rows.Err()
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -21,51 +20,16 @@ import (
 // letters hold 100 bytes or 100 MiB. deadletter.Table's List and Get stay whole, for
 // programs.
 
-// ListTextMax is how many characters of each text column a [DeadLetterSummary] keeps:
-// longer values are cut, ending in "…". The reason keeps [ListReasonMax].
+// listTextMax is how many characters of each text column a [DeadLetterSummary] keeps:
+// longer values are cut, ending in "…". The reason keeps listReasonMax.
 const (
-	ListTextMax   = 200
-	ListReasonMax = 1000
+	listTextMax   = 200
+	listReasonMax = 1000
 )
 
-// dlViewSQL is what these reads need of a dialect.
-type dlViewSQL struct {
-	eventID, headers, changed string
-	// size is the size in bytes of the binary column col (NULL for NULL).
-	size     func(col string) string
-	bindTime func(time.Time) any
-	contains string
-}
-
-func viewSQL(d Dialect) dlViewSQL {
-	switch d.Name() {
-	case "postgres":
-		return dlViewSQL{
-			eventID: "coalesce(event_id::text, '')", headers: "coalesce(headers::text, '')",
-			changed:  "coalesce(status_changed_at, 'epoch'::timestamptz)",
-			size:     func(col string) string { return "octet_length(" + col + ")" },
-			bindTime: func(t time.Time) any { return t }, contains: "strpos(reason, ?) > 0",
-		}
-	case "mysql":
-		return dlViewSQL{
-			eventID: "COALESCE(event_id, '')", headers: mysqlConsumer.headers,
-			changed:  "COALESCE(status_changed_at, '1970-01-01 00:00:00')",
-			size:     func(col string) string { return "LENGTH(" + col + ")" },
-			bindTime: mysqlConsumer.failTime, contains: mysqlConsumer.contains,
-		}
-	}
-	return dlViewSQL{
-		eventID: "COALESCE(event_id, '')", headers: sqliteConsumer.headers,
-		changed: "COALESCE(status_changed_at, '1970-01-01 00:00:00')",
-		// A value written as text would count characters: the cast counts bytes.
-		size:     func(col string) string { return "length(CAST(" + col + " AS BLOB))" },
-		bindTime: sqliteConsumer.failTime, contains: sqliteConsumer.contains,
-	}
-}
-
 // DeadLetterSummary is a dead letter as a list shows it: Message.Body, Message.Headers and
-// Raw are left out (nil), its text columns are cut (see [ListTextMax]), and BodyBytes and
-// RawBytes say how large what was left out is.
+// Raw are left out (nil), its text columns are cut (to 200 characters, the reason to 1,000,
+// ending in "…"), and BodyBytes and RawBytes say how large what was left out is.
 type DeadLetterSummary struct {
 	deadletter.Entry
 	BodyBytes int64
@@ -76,16 +40,16 @@ type DeadLetterSummary struct {
 // DeadLetterSummaries lists n's dead letters that match f, in ID order (f.Limit: default
 // 100, at most 10,000), as [DeadLetterSummary] values.
 func DeadLetterSummaries(ctx context.Context, d Dialect, q Querier, n *Names, f deadletter.Filter) ([]DeadLetterSummary, error) {
-	v := viewSQL(d)
+	v := d.sql()
 	where, args, limit := listWhere(f, v.bindTime, v.contains)
 	args = append(args, limit)
 	cut := func(col string, max int) string { return "substr(" + col + ", 1, " + strconv.Itoa(max+1) + ")" }
-	query := "SELECT id, " + v.eventID + ", " + cut("event_type", ListTextMax) + ", " + cut("event_key", ListTextMax) + ", " +
-		cut("content_type", ListTextMax) + ", " + v.size("body") + ", created_at, stage, kind, " + cut("consumer", ListTextMax) + ", " +
-		cut("reason", ListReasonMax) + ", attempts, first_failed_at, last_failed_at, status, " + v.changed + ", " +
-		cut("broker_message_id", ListTextMax) + ", COALESCE(" + v.size("raw") + ", 0) FROM " + n.DeadLetters +
+	query := "SELECT id, " + v.eventID + ", " + cut("event_type", listTextMax) + ", " + cut("event_key", listTextMax) + ", " +
+		cut("content_type", listTextMax) + ", " + v.size("body") + ", created_at, stage, kind, " + cut("consumer", listTextMax) + ", " +
+		cut("reason", listReasonMax) + ", attempts, first_failed_at, last_failed_at, status, COALESCE(status_changed_at, " + v.epoch + "), " +
+		cut("broker_message_id", listTextMax) + ", COALESCE(" + v.size("raw") + ", 0) FROM " + n.DeadLetters +
 		" WHERE " + strings.Join(where, " AND ") + " ORDER BY id LIMIT ?"
-	rows, err := q.Query(ctx, d.ops().rebind(query), args...)
+	rows, err := q.Query(ctx, v.rebind(query), args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing the dead letters of %s: %w", n.Outbox, err)
 	}
@@ -103,9 +67,9 @@ func DeadLetterSummaries(ctx context.Context, d Dialect, q Querier, n *Names, f 
 			return nil, fmt.Errorf("listing the dead letters of %s: %w", n.Outbox, err)
 		}
 		m.ID, _ = uuid.Parse(id) // one that is not a UUID shows as none; the entry's page has it
-		m.Type, m.Key, m.ContentType = cutText(m.Type, ListTextMax), cutText(m.Key, ListTextMax), cutText(m.ContentType, ListTextMax)
-		s.Consumer, s.Reason = cutText(s.Consumer, ListTextMax), cutText(s.Reason, ListReasonMax)
-		s.BrokerMessageID = cutText(s.BrokerMessageID, ListTextMax)
+		m.Type, m.Key, m.ContentType = cutText(m.Type, listTextMax), cutText(m.Key, listTextMax), cutText(m.ContentType, listTextMax)
+		s.Consumer, s.Reason = cutText(s.Consumer, listTextMax), cutText(s.Reason, listReasonMax)
+		s.BrokerMessageID = cutText(s.BrokerMessageID, listTextMax)
 		s.Stage, s.Kind, s.Status = deadletter.Stage(stage), deadletter.Kind(kind), deadletter.Status(state)
 		s.FirstFailedAt, s.LastFailedAt, m.CreatedAt = first.t, last.t, created.t
 		if changed.t.Unix() > 0 {
@@ -134,9 +98,9 @@ type DeadLetterPreview struct {
 // PreviewDeadLetter reads dead letter id of n, cut to max bytes and characters (see
 // [DeadLetterPreview]). It fails with deadletter.ErrNotFound when there is none.
 func PreviewDeadLetter(ctx context.Context, d Dialect, q Querier, n *Names, id int64, max int) (DeadLetterPreview, error) {
-	v := viewSQL(d)
+	v := d.sql()
 	var p DeadLetterPreview
-	found, err := scanRow(ctx, q, []any{&p.BodyBytes, &p.RawBytes}, d.ops().rebind("SELECT "+v.size("body")+", COALESCE("+v.size("raw")+", 0) FROM "+
+	found, err := scanRow(ctx, q, []any{&p.BodyBytes, &p.RawBytes}, v.rebind("SELECT "+v.size("body")+", COALESCE("+v.size("raw")+", 0) FROM "+
 		n.DeadLetters+" WHERE id = ?"), id)
 	if err != nil {
 		return p, fmt.Errorf("reading dead letter %d of %s: %w", id, n.Outbox, err)
@@ -150,9 +114,9 @@ func PreviewDeadLetter(ctx context.Context, d Dialect, q Querier, n *Names, id i
 	// The columns of scanDeadLetters, each cut.
 	query := "SELECT id, " + v.eventID + ", " + text("event_type") + ", " + text("event_key") + ", " + text(v.headers) + ", " +
 		text("content_type") + ", " + bin("body") + ", created_at, stage, kind, " + text("consumer") + ", " + text("reason") +
-		", attempts, first_failed_at, last_failed_at, status, " + v.changed + ", " + text("broker_message_id") + ", " + bin("raw") +
+		", attempts, first_failed_at, last_failed_at, status, COALESCE(status_changed_at, " + v.epoch + "), " + text("broker_message_id") + ", " + bin("raw") +
 		", COALESCE(held_seq, 0) FROM " + n.DeadLetters + " WHERE id = ?"
-	rows, err := q.Query(ctx, d.ops().rebind(query), id)
+	rows, err := q.Query(ctx, v.rebind(query), id)
 	if err != nil {
 		return p, fmt.Errorf("reading dead letter %d of %s: %w", id, n.Outbox, err)
 	}
@@ -200,9 +164,9 @@ func DeadLetterBytes(ctx context.Context, d Dialect, q Querier, n *Names, id int
 	if column != "body" && column != "raw" {
 		return nil, 0, false, fmt.Errorf("sqlstore: no binary column %q", column)
 	}
-	v := viewSQL(d)
+	v := d.sql()
 	total = -1
-	found, err = scanRow(ctx, q, []any{&chunk, &total}, d.ops().rebind("SELECT substr("+column+", ?, ?), COALESCE("+v.size(column)+", -1) FROM "+
+	found, err = scanRow(ctx, q, []any{&chunk, &total}, v.rebind("SELECT substr("+column+", ?, ?), COALESCE("+v.size(column)+", -1) FROM "+
 		n.DeadLetters+" WHERE id = ?"), offset+1, size, id)
 	if err != nil {
 		return nil, 0, false, fmt.Errorf("reading the %s of dead letter %d of %s: %w", column, id, n.Outbox, err)
@@ -211,22 +175,6 @@ func DeadLetterBytes(ctx context.Context, d Dialect, q Querier, n *Names, id int
 		return nil, 0, false, nil
 	}
 	return chunk, total, true, nil
-}
-
-// scanRow scans the first row of a query into dest, and reports whether there was one.
-func scanRow(ctx context.Context, q Querier, dest []any, query string, args ...any) (bool, error) {
-	rows, err := q.Query(ctx, query, args...)
-	if err != nil {
-		return false, err
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		return false, rows.Err()
-	}
-	if err := rows.Scan(dest...); err != nil {
-		return false, err
-	}
-	return true, rows.Err()
 }
 
 // cutText shortens s to max characters, the last one "…", when it is longer.

@@ -10,27 +10,17 @@ import (
 )
 
 // Held keys (outboxdriver.DeadLetter.HoldKey). A keyed row that the relay dead-letters under
-// KeyPolicy HoldKey is not deleted: it stays in the outbox with available_at at heldAt (the
-// largest time the column holds) and no lease, and the dead letter records its seq
-// (held_seq). Every dialect's claim already refuses a row whose earlier row of the same key
-// is leased or waiting for a retry (runs.go, and migrations/postgres/004); a held row is a
-// row waiting for a retry that never comes due, so no claim takes it or a later row of its
-// key, whatever path the claim takes. It is the first row of its key: the relay claims a
-// key's rows in seq order and dead-letters a row only when no earlier row of its key is in
-// the outbox. Replaying the dead letter makes the row due again where it stands, its key's
+// KeyPolicy HoldKey is not deleted: it stays in the outbox with available_at at its dialect's
+// heldAt (later than any time its clock writes) and no lease, and the dead letter records
+// its seq (held_seq). Every dialect's claim already refuses a row whose earlier row of the
+// same key is leased or waiting for a retry; a held row is a row waiting for a retry that
+// never comes due, so no claim takes it or a later row of its key, whatever path the claim
+// takes (docs/ordering.md, O7). It is the first row of its key: the relay claims a key's
+// rows in seq order and dead-letters a row only when no earlier row of its key is in the
+// outbox. Replaying the dead letter makes the row due again where it stands, its key's
 // head, so it goes first (same seq; attempts and failure times reset, marked as a replay);
-// discarding it deletes the row, and the key moves on.
-
-// heldAt is d's available_at of a held row.
-func heldAt(d Dialect) string {
-	switch d.Name() {
-	case "postgres":
-		return "'infinity'::timestamptz"
-	case "mysql":
-		return "'9999-12-31 23:59:59.999999'"
-	}
-	return "'9999-12-31 23:59:59.999'" // SQLite: later than any time its clock writes
-}
+// discarding it deletes the row, and the key moves on (deadletters.go). The consumer's
+// held keys are keyhold.go's.
 
 // holdSplit returns the seqs of dead whose rows are to be held, and those to be deleted.
 // The store holds a row only if it is keyed: a keyless row asked to be held is deleted.
@@ -76,7 +66,7 @@ type HeldKey struct {
 // HeldKeys returns the keys held by pending dead letters of n's relay, the oldest hold
 // first, at most limit of them (through the dead-letter table's held index).
 func HeldKeys(ctx context.Context, d Dialect, q Querier, n *Names, limit int) ([]HeldKey, error) {
-	rows, err := q.Query(ctx, d.ops().rebind("SELECT event_key, id, held_seq, last_failed_at FROM "+n.DeadLetters+
+	rows, err := q.Query(ctx, d.sql().rebind("SELECT event_key, id, held_seq, last_failed_at FROM "+n.DeadLetters+
 		" WHERE status = 'pending' AND held_seq IS NOT NULL ORDER BY id LIMIT ?"), limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading the held keys of %s: %w", n.Outbox, Classify(err, n))
@@ -86,9 +76,12 @@ func HeldKeys(ctx context.Context, d Dialect, q Querier, n *Names, limit int) ([
 	for rows.Next() {
 		var (
 			h     HeldKey
-			since anyTime
+			since lenientTime
 		)
-		if err := rows.Scan(&h.Key, &h.DeadLetterID, &h.Seq, &since); err != nil {
+		if err := rows.Scan(&h.Key, &h.DeadLetterID, &h.Seq, &since); err == nil {
+			err = strictTimes(&since)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("reading the held keys of %s: %w", n.Outbox, err)
 		}
 		h.Since = since.t

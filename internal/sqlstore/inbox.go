@@ -1,18 +1,11 @@
 package sqlstore
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
@@ -52,7 +45,7 @@ func NewInbox[TTx any](adapter string, d Dialect, n *Names, db DB, begin func(co
 // connection broke (beginning, committing, or in any statement of the transaction, the
 // handler's included) is marked outbox.Unavailable: not the message's fault.
 func (in *Inbox[TTx]) InTx(ctx context.Context, fn func(tx TTx) error) error {
-	return ClassifyUnavailable(in.Begin(ctx, fn))
+	return classifyUnavailable(in.Begin(ctx, fn))
 }
 
 // Record implements idempotency.Inbox.
@@ -160,95 +153,4 @@ func FailingHTTP(err error) http.Handler {
 		slog.ErrorContext(r.Context(), "idempotency: the handler cannot run", "error", err)
 		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
 	})
-}
-
-// maxInboxRows caps the keys of one multi-row statement: 2 parameters each stays under the
-// 999 of SQLite builds before 3.32.
-const maxInboxRows = 400
-
-// uniqueKeys returns keys without repeats, sorted (so that two statements inserting
-// overlapping keys take their row locks in one order and never wait for each other in a
-// cycle), and each key's first index in keys.
-func uniqueKeys(keys []idempotency.Key) ([]idempotency.Key, map[idempotency.Key]int) {
-	first := make(map[idempotency.Key]int, len(keys))
-	for i, k := range keys {
-		if _, dup := first[k]; !dup {
-			first[k] = i
-		}
-	}
-	uniq := slices.SortedFunc(maps.Keys(first), func(a, b idempotency.Key) int {
-		if c := strings.Compare(a.Consumer, b.Consumer); c != 0 {
-			return c
-		}
-		return bytes.Compare(a.EventID[:], b.EventID[:])
-	})
-	return uniq, first
-}
-
-// keyArgs returns the (consumer, event ID text) arguments of keys, in order.
-func keyArgs(keys []idempotency.Key) []any {
-	args := make([]any, 0, 2*len(keys))
-	for _, k := range keys {
-		args = append(args, k.Consumer, k.EventID.String())
-	}
-	return args
-}
-
-// scanKeys reads rows of (consumer, event ID text).
-func scanKeys(rows Rows) (map[idempotency.Key]bool, error) {
-	defer rows.Close()
-	out := map[idempotency.Key]bool{}
-	for rows.Next() {
-		var k idempotency.Key
-		var id string
-		if err := rows.Scan(&k.Consumer, &id); err != nil {
-			return nil, err
-		}
-		var err error
-		if k.EventID, err = uuid.Parse(id); err != nil {
-			return nil, err
-		}
-		out[k] = true
-	}
-	return out, rows.Err()
-}
-
-// responseHeaders is a response's header as the JSON text the responses table stores.
-func responseHeaders(r idempotency.Response) (string, error) {
-	b, err := json.Marshal(r.Header)
-	if err != nil {
-		return "", fmt.Errorf("encoding the response's header: %w", err)
-	}
-	return string(b), nil
-}
-
-// nonNil makes a nil body an empty one, for NOT NULL columns.
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
-}
-
-// loadResponse reads one stored response with query, whose arguments are key's.
-func loadResponse(ctx context.Context, q Querier, query string, k idempotency.Key) (idempotency.Response, bool, error) {
-	var (
-		r       idempotency.Response
-		headers string
-	)
-	rows, err := q.Query(ctx, query, k.Consumer, k.EventID.String())
-	if err != nil {
-		return r, false, err
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		return r, false, rows.Err()
-	}
-	if err := rows.Scan(&r.RequestHash, &r.Status, &headers, &r.Body); err != nil {
-		return r, false, err
-	}
-	if err := json.Unmarshal([]byte(headers), &r.Header); err != nil {
-		return r, false, fmt.Errorf("decoding the stored header: %w", err)
-	}
-	return r, true, rows.Err()
 }

@@ -3,14 +3,15 @@ package sqlstore
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/txoutbox/outbox/deadletter"
 )
+
+// This file is the consumer's side of held keys (consumer.Config.HoldKeys): whether a key
+// has a dead letter of the consumer that holds its later events. The relay's side is
+// hold.go.
 
 // heldByQuery is deadletter.KeyHolds' rule in one statement over the dead-letter table t,
 // with ? placeholders, in this order: consumer, key (pending); consumer, key, replayed
@@ -38,33 +39,12 @@ func heldByArgs(consumer, key string, event any, replayedAfter, publishedAfter a
 }
 
 // HeldBy implements deadletter.KeyHolds.
-func (t *pgDeadLetters) HeldBy(ctx context.Context, consumer, key string, event uuid.UUID, published time.Time) (int64, error) {
-	q := heldByQuery(t.n.DeadLetters, "?::uuid")
-	for i := 1; strings.Contains(q, "?"); i++ { // PostgreSQL numbers its placeholders
-		q = strings.Replace(q, "?", "$"+strconv.Itoa(i), 1)
-	}
-	return heldBy(ctx, t.db, t.n.DeadLetters, key, q, heldByArgs(consumer, key, event, published, published))
-}
-
-// HeldBy implements deadletter.KeyHolds.
-func (t *stdDeadLetters) HeldBy(ctx context.Context, consumer, key string, event uuid.UUID, published time.Time) (int64, error) {
-	created := any(published.UTC())
-	if t.c.d == SQLite {
-		created = published.UTC().Format(sqliteTime) // as Insert writes created_at
-	}
-	return heldBy(ctx, t.db, t.n.DeadLetters, key, heldByQuery(t.n.DeadLetters, "?"),
-		heldByArgs(consumer, key, event.String(), t.c.failTime(published), created))
-}
-
-func heldBy(ctx context.Context, db DB, table, key, query string, args []any) (int64, error) {
+func (t *deadLetters) HeldBy(ctx context.Context, consumer, key string, event uuid.UUID, published time.Time) (int64, error) {
 	var id int64
-	if _, err := scanOne(ctx, db, &id, query, args...); err != nil {
-		return 0, fmt.Errorf("deadletter: looking up whether key %q is held in %s: %w", key, table, err)
+	query := t.sql.rebind(heldByQuery(t.n.DeadLetters, t.sql.uuidParam))
+	args := heldByArgs(consumer, key, event.String(), t.sql.bindTime(published), t.sql.bindCreated(published))
+	if _, err := scanRow(ctx, t.db, []any{&id}, query, args...); err != nil {
+		return 0, fmt.Errorf("deadletter: looking up whether key %q is held in %s: %w", key, t.n.DeadLetters, err)
 	}
 	return id, nil
 }
-
-var (
-	_ deadletter.KeyHolds = (*pgDeadLetters)(nil)
-	_ deadletter.KeyHolds = (*stdDeadLetters)(nil)
-)

@@ -1,8 +1,8 @@
 package sqlstore
 
 import (
-	"cmp"
 	"context"
+	"embed"
 	"fmt"
 	"io/fs"
 	"path"
@@ -11,9 +11,20 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
-
-	"github.com/txoutbox/outbox/outboxdriver"
 )
+
+// This file runs migrations: each dialect's SQL files, embedded, rendered for an outbox's
+// names, applied once and recorded. schema.go reads what state an outbox's schema is in.
+
+//go:embed migrations
+var migrationFiles embed.FS
+
+// Migration is one versioned schema change; SQL is a text/template over [Names].
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
 
 // migrationName is what a migration's name may hold: it is spliced into the statement that
 // records it.
@@ -43,11 +54,12 @@ func loadMigrations(dialect string) []Migration {
 	return out
 }
 
-// Render expands a migration's template for n.
+// Render expands a migration's template for n: its fields, and the functions quote
+// (an identifier) and idx (the name of one of the outbox's indexes).
 func Render(d Dialect, m Migration, n *Names) (string, error) {
 	t, err := template.New(m.Name).Funcs(template.FuncMap{
 		"quote": d.Quote,
-		"idx":   func(s string) string { return n.Index(d, s) },
+		"idx":   func(suffix string) string { return d.Quote(n.Prefix + "_" + suffix) },
 	}).Parse(m.SQL)
 	if err != nil {
 		return "", fmt.Errorf("parsing migration %d: %w", m.Version, err)
@@ -78,7 +90,7 @@ func (b books) record(n *Names, m Migration) string {
 // runMigrations applies, inside the caller's transaction q, every migration of d not yet
 // recorded in n.Migrations.
 func runMigrations(ctx context.Context, d Dialect, q Querier, n *Names) error {
-	b := d.books(n)
+	b := d.sql().books(n)
 	if b.schema != "" {
 		if err := q.Exec(ctx, b.schema); err != nil {
 			return fmt.Errorf("creating the schema of %s: %w", n.Outbox, err)
@@ -127,10 +139,46 @@ func appliedVersions(ctx context.Context, q Querier, n *Names) (map[int]bool, er
 	return done, rows.Err()
 }
 
-func sortBySeq(c []outboxdriver.Claimed) {
-	bySeq := func(a, b outboxdriver.Claimed) int { return cmp.Compare(a.Seq, b.Seq) }
-	// Claims mostly arrive in order already: one pass to check beats sorting big structs.
-	if !slices.IsSortedFunc(c, bySeq) {
-		slices.SortFunc(c, bySeq)
+// statements runs a multi-statement script (a migration) one statement at a time, for
+// drivers that run one per call (MySQL's, SQLite's).
+type statements struct{ Querier }
+
+func (q statements) Exec(ctx context.Context, query string, args ...any) error {
+	if len(args) > 0 {
+		return q.Querier.Exec(ctx, query, args...)
 	}
+	for _, stmt := range splitStatements(query) {
+		if err := q.Querier.Exec(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// splitStatements cuts a migration into statements: a statement ends with a line whose last
+// character is ';'. Comment-only chunks are dropped.
+func splitStatements(script string) []string {
+	var (
+		out []string
+		cur strings.Builder
+	)
+	flush := func() {
+		stmt := strings.TrimSpace(cur.String())
+		cur.Reset()
+		for _, line := range strings.Split(stmt, "\n") {
+			if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "--") {
+				out = append(out, strings.TrimSuffix(stmt, ";"))
+				return
+			}
+		}
+	}
+	for line := range strings.SplitSeq(script, "\n") {
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(strings.TrimRight(line, " \t\r"), ";") {
+			flush()
+		}
+	}
+	flush()
+	return out
 }

@@ -7,10 +7,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/txoutbox/outbox/outboxdriver"
 )
 
-// Claims by key runs, for the dialects whose claim is Go code (MySQL, SQLite). PostgreSQL's
-// claim function (migrations/postgres/004) applies the same rules in SQL:
+// Claims by key runs, for the dialects whose claim is Go code (MySQL, SQLite: mysql_store.go
+// and sqlite_store.go read top to bottom with this file). PostgreSQL's claim function
+// (migrations/postgres/004) applies the same rules in SQL; why they keep each key's order is
+// argued once, in docs/ordering.md:
 //
 //   - A key's run is its rows in seq order from its first (its head) up to, not including,
 //     the first that is leased or waiting for a retry. A claim takes keyless rows that are
@@ -44,14 +48,10 @@ type claimCandidate struct {
 // claimWindow is how many of the outbox's first rows a claim of limit rows reads.
 func claimWindow(limit int) int { return 2 * limit }
 
-// runHeads is a dialect's loose index scan: the heads of at most n keys, with their free
-// state, in key order from start (upper) or below start (!upper). Arguments: start, n.
-type runHeads func(upper bool) string
-
 // planClaim picks the rows a claim of limit rows should lease: what planWindow finds in the
 // window and, past a full window that leaves room, what planDeep finds beyond it.
 func (s *leaseStore) planClaim(ctx context.Context, q Querier, limit int) ([]claimCandidate, error) {
-	window, err := s.claimRows(ctx, q, `SELECT seq, `+s.key+`, `+s.free("")+` FROM `+s.n.Outbox+
+	window, err := s.claimRows(ctx, q, `SELECT seq, `+s.sql.key+`, `+s.free("")+` FROM `+s.n.Outbox+
 		` ORDER BY seq LIMIT ?`, claimWindow(limit))
 	if err != nil {
 		return nil, err
@@ -114,7 +114,7 @@ func planWindow(window []claimRow, limit int) []claimCandidate {
 func (s *leaseStore) planDeep(ctx context.Context, q Querier, window []claimRow, plan []claimCandidate, limit int) ([]claimCandidate, error) {
 	rest := limit - len(plan)
 	var out []claimCandidate
-	keyless, err := s.claimRows(ctx, q, `SELECT seq, `+s.key+`, 1 FROM `+s.n.Outbox+` WHERE `+s.key+` = '' AND seq > ? AND `+
+	keyless, err := s.claimRows(ctx, q, `SELECT seq, `+s.sql.key+`, 1 FROM `+s.n.Outbox+` WHERE `+s.sql.key+` = '' AND seq > ? AND `+
 		s.free("")+` ORDER BY seq LIMIT ?`, window[len(window)-1].seq, rest)
 	if err != nil {
 		return nil, err
@@ -174,8 +174,8 @@ func (s *leaseStore) planDeep(ctx context.Context, q Querier, window []claimRow,
 			parts := make([]string, len(chunk))
 			args := make([]any, 0, 3*len(chunk))
 			for i, h := range chunk {
-				parts[i] = `SELECT * FROM (SELECT seq, ` + s.key + `, ` + s.free("") + ` FROM ` + s.n.Outbox +
-					` WHERE ` + s.key + ` = ? AND seq >= ? ORDER BY seq LIMIT ?) AS r` + strconv.Itoa(i)
+				parts[i] = `SELECT * FROM (SELECT seq, ` + s.sql.key + `, ` + s.free("") + ` FROM ` + s.n.Outbox +
+					` WHERE ` + s.sql.key + ` = ? AND seq >= ? ORDER BY seq LIMIT ?) AS r` + strconv.Itoa(i)
 				args = append(args, h.key, h.seq, depth)
 			}
 			rows, err := s.claimRows(ctx, q, strings.Join(parts, " UNION ALL "), args...)
@@ -202,9 +202,9 @@ func (s *leaseStore) planDeep(ctx context.Context, q Querier, window []claimRow,
 }
 
 // onlyKeyless reports whether the outbox holds no keyed row (one probe of the keyed index):
-// then a claim is a plain queue read of the oldest free rows, which need no order.
+// then a claim is a plain queue read of the oldest free rows, which need no order (O2).
 func (s *leaseStore) onlyKeyless(ctx context.Context, q Querier) (bool, error) {
-	rows, err := q.Query(ctx, "SELECT 1 FROM "+s.n.Outbox+" WHERE "+s.key+" <> '' LIMIT 1")
+	rows, err := q.Query(ctx, "SELECT 1 FROM "+s.n.Outbox+" WHERE "+s.sql.key+" <> '' LIMIT 1")
 	if err != nil {
 		return false, err
 	}
@@ -215,17 +215,19 @@ func (s *leaseStore) onlyKeyless(ctx context.Context, q Querier) (bool, error) {
 // oldestKeyless is the condition that picks the oldest free keyless rows, up to the limit
 // given as its one argument.
 func (s *leaseStore) oldestKeyless() string {
-	return s.key + " = '' AND " + s.free("") + " ORDER BY seq LIMIT ?"
+	return s.sql.key + " = '' AND " + s.free("") + " ORDER BY seq LIMIT ?"
 }
 
 // free is the dialect's "row is due and not leased" expression over the columns of alias
-// ("" for none).
+// ("" for none): the one definition of a free row for MySQL and SQLite (docs/ordering.md,
+// O1), as PostgreSQL's is its is_free function.
 func (s *leaseStore) free(alias string) string {
 	p := ""
 	if alias != "" {
 		p = alias + "."
 	}
-	return "(" + p + "available_at <= " + s.now + " AND (" + p + "lease_until IS NULL OR " + p + "lease_until <= " + s.now + "))"
+	now := s.sql.now
+	return "(" + p + "available_at <= " + now + " AND (" + p + "lease_until IS NULL OR " + p + "lease_until <= " + now + "))"
 }
 
 // claimRows runs a query of (seq, key, free) rows.
@@ -253,7 +255,8 @@ func (s *leaseStore) claimRows(ctx context.Context, q Querier, query string, arg
 // keepRuns returns the candidates to keep once the rows in got have been locked (MySQL) or
 // leased (SQLite): every keyless one in got, and of each key the candidates up to its
 // first one missing from got — a row that another claim took since the plan, or that a
-// write-back holds, ends its key's run. The rest are the candidates in got to give back.
+// write-back holds, ends its key's run (docs/ordering.md, O5). The rest are the candidates
+// in got to give back.
 func keepRuns(cands []claimCandidate, got map[int64]bool) (keep, giveBack []int64) {
 	ended := map[string]bool{}
 	bySeq := slices.Clone(cands)
@@ -271,4 +274,37 @@ func keepRuns(cands []claimCandidate, got map[int64]bool) (keep, giveBack []int6
 		}
 	}
 	return keep, giveBack
+}
+
+// keptRuns returns the claims of got, the rows of plan that were locked (MySQL) or leased
+// (SQLite), that keepRuns keeps, and the seqs of the others, to give back.
+func keptRuns(plan []claimCandidate, got []outboxdriver.Claimed) (kept []outboxdriver.Claimed, giveBack []int64) {
+	seqs := make(map[int64]bool, len(got))
+	for _, c := range got {
+		seqs[c.Seq] = true
+	}
+	keep, giveBack := keepRuns(plan, seqs)
+	keeping := make(map[int64]bool, len(keep))
+	for _, seq := range keep {
+		keeping[seq] = true
+	}
+	return slices.DeleteFunc(got, func(c outboxdriver.Claimed) bool { return !keeping[c.Seq] }), giveBack
+}
+
+// candidateSeqs are the seqs of plan.
+func candidateSeqs(plan []claimCandidate) []int64 {
+	seqs := make([]int64, len(plan))
+	for i, c := range plan {
+		seqs[i] = c.seq
+	}
+	return seqs
+}
+
+// claimedSeqs are the seqs of claimed.
+func claimedSeqs(claimed []outboxdriver.Claimed) []int64 {
+	seqs := make([]int64, len(claimed))
+	for i, c := range claimed {
+		seqs[i] = c.Seq
+	}
+	return seqs
 }

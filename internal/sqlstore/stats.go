@@ -31,9 +31,11 @@ func readStats(ctx context.Context, q Querier, n *Names) (outboxdriver.Stats, er
 		return st, fmt.Errorf("reading the stats of %s: %w", st.Outbox, err)
 	}
 	defer rows.Close()
-	var oldest, oldestDead anyTime
+	var oldest, oldestDead lenientTime
 	if rows.Next() {
-		err = rows.Scan(&st.Backlog, &oldest, &st.DeadLettersPending, &oldestDead, &st.HeldKeys)
+		if err = rows.Scan(&st.Backlog, &oldest, &st.DeadLettersPending, &oldestDead, &st.HeldKeys); err == nil {
+			err = strictTimes(&oldest, &oldestDead)
+		}
 	}
 	if err == nil {
 		err = rows.Err()

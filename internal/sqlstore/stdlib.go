@@ -4,9 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
-
-	"github.com/txoutbox/outbox"
 )
 
 // StdExecer is what database/sql's *sql.DB, *sql.Tx and *sql.Conn have in common; GORM's
@@ -94,34 +91,4 @@ func inTxReadCommitted(ctx context.Context, db DB, fn func(Querier) error) error
 		return rc.InTxReadCommitted(ctx, fn)
 	}
 	return db.InTx(ctx, fn)
-}
-
-// Lookup returns the dialect named name: "postgres", "mysql" or "sqlite".
-func Lookup(name string) (Dialect, error) {
-	switch name {
-	case "postgres":
-		return Postgres, nil
-	case "mysql":
-		return MySQL, nil
-	case "sqlite":
-		return SQLite, nil
-	}
-	return nil, fmt.Errorf("outbox: no SQL dialect %q (have postgres, mysql, sqlite)", name)
-}
-
-// Dialects are every dialect, for adapters that learn theirs from the caller's connection.
-var Dialects = []Dialect{Postgres, MySQL, SQLite}
-
-// NamesByDialect validates t once and returns its names quoted for every dialect, keyed by
-// dialect name.
-func NamesByDialect(t outbox.Tables) (map[string]*Names, error) {
-	out := make(map[string]*Names, len(Dialects))
-	for _, d := range Dialects {
-		n, err := NewNames(d, t)
-		if err != nil {
-			return nil, err
-		}
-		out[d.Name()] = n
-	}
-	return out, nil
 }

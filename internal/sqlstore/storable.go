@@ -3,9 +3,6 @@ package sqlstore
 import (
 	"bytes"
 	"context"
-	"database/sql"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"strings"
@@ -14,14 +11,11 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
-	"github.com/txoutbox/outbox/outboxdriver"
 )
 
-// This file makes any dead letter storable, and reads back any row: a poison message must
-// never loop because the table refuses it, and one spoiled outbox or dead-letter row must
-// never fail the reads of the others.
+// This file makes any dead letter storable and writes it: a poison message must never loop
+// because the table refuses it.
 
 // textLimits are what a dialect's dead-letter columns hold; zero means no limit.
 type textLimits struct {
@@ -33,17 +27,6 @@ type textLimits struct {
 	// minTime and maxTime bound the time columns (MySQL's DATETIME: years 1000 to 9999).
 	minTime, maxTime time.Time
 }
-
-var (
-	pgLimits    = textLimits{}
-	mysqlLimits = textLimits{
-		chars:   255,
-		bytes:   65535,
-		minTime: time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC),
-		maxTime: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC),
-	}
-	sqliteLimits = textLimits{}
-)
 
 // cleanText returns s as every text column stores it: invalid UTF-8 replaced by U+FFFD,
 // NUL bytes dropped (PostgreSQL refuses both), and at most maxChars characters and maxBytes
@@ -271,37 +254,28 @@ const dlColumns = "(event_id, event_type, event_key, headers, content_type, body
 // dlColumnCount is how many columns dlColumns names: the placeholders of one row.
 const dlColumnCount = 17
 
-// dlWriter inserts dead-letter rows in one dialect.
+// dlWriter inserts dead-letter rows into one dialect's table.
 type dlWriter struct {
-	table    string
-	lim      textLimits
-	tuple    func(row int) string  // the placeholders of one row
-	time     func(t time.Time) any // binds created_at the way the table stores it
-	failTime func(t time.Time) any // binds a failure time the way the database clock writes it
-	maxRow   int                   // rows per statement, under the dialect's parameter limit
+	sql   *dialectSQL
+	table string
 }
 
-func (w *dlWriter) args(r dlRow) []any {
-	return []any{r.eventID, r.typ, r.key, r.headers, r.contentType, r.body, w.time(r.createdAt),
-		r.stage, r.kind, r.consumer, r.reason, r.attempts, w.failTime(r.firstFailedAt), w.failTime(r.lastFailedAt),
+func (w dlWriter) args(r dlRow) []any {
+	return []any{r.eventID, r.typ, r.key, r.headers, r.contentType, r.body, w.sql.bindCreated(r.createdAt),
+		r.stage, r.kind, r.consumer, r.reason, r.attempts, w.sql.bindTime(r.firstFailedAt), w.sql.bindTime(r.lastFailedAt),
 		r.brokerMsgID, r.raw, r.heldSeq}
 }
 
-func (w *dlWriter) insert(ctx context.Context, q Querier, rows []dlRow) error {
+func (w dlWriter) insert(ctx context.Context, q Querier, rows []dlRow) error {
 	for len(rows) > 0 {
-		chunk := rows[:min(len(rows), w.maxRow)]
+		chunk := rows[:min(len(rows), w.sql.dlMaxRows)]
 		rows = rows[len(chunk):]
-		var b strings.Builder
-		b.WriteString("INSERT INTO " + w.table + " " + dlColumns + " VALUES ")
 		args := make([]any, 0, dlColumnCount*len(chunk))
-		for i, r := range chunk {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(w.tuple(i))
+		for _, r := range chunk {
 			args = append(args, w.args(r)...)
 		}
-		if err := q.Exec(ctx, b.String(), args...); err != nil {
+		query := valuesSQL("INSERT INTO "+w.table+" "+dlColumns+" VALUES ", w.sql.dlTuple, len(chunk))
+		if err := q.Exec(ctx, w.sql.rebind(query), args...); err != nil {
 			return err
 		}
 	}
@@ -312,208 +286,14 @@ func (w *dlWriter) insert(ctx context.Context, q Querier, rows []dlRow) error {
 // is stored in its minimal form instead (see minimalRow), so a dead letter whose content the
 // table refuses never makes its message loop; an error means the table is unreachable (or
 // not migrated). An entry added holds nothing: only the relay's write-back holds rows.
-func (w *dlWriter) add(ctx context.Context, db Querier, e deadletter.Entry) error {
+func (w dlWriter) add(ctx context.Context, db Querier, e deadletter.Entry) error {
 	e.HeldSeq = 0
-	err := w.insert(ctx, db, []dlRow{storableRow(e, w.lim)})
+	err := w.insert(ctx, db, []dlRow{storableRow(e, w.sql.lim)})
 	if err == nil || ctx.Err() != nil || !refusedContent(err) {
 		return err
 	}
-	if err2 := w.insert(ctx, db, []dlRow{minimalRow(e, w.lim, err)}); err2 != nil {
+	if err2 := w.insert(ctx, db, []dlRow{minimalRow(e, w.sql.lim, err)}); err2 != nil {
 		return fmt.Errorf("storing a dead letter: %w (its minimal form failed too: %v)", err, err2)
 	}
 	return nil
 }
-
-// moveDeadLetters is the relay's DeadLetter write-back for every dialect: in one
-// transaction, take reads the claim's rows (with their first and last failure times, by the
-// database clock) and deletes them, or holds those of dead letters with HoldKey (see
-// hold.go), and they are inserted as dead letters, a held row's with its seq. Rows are read
-// leniently, so an unreadable row keeps its raw values (and holds its key like any other).
-// If the table refuses the rows, the transaction is run again with their minimal forms.
-func (w *dlWriter) moveDeadLetters(ctx context.Context, db DB, dead []outboxdriver.DeadLetter,
-	take func(ctx context.Context, q Querier) ([]failedRow, error)) ([]int64, error) {
-	byseq := make(map[int64]outboxdriver.DeadLetter, len(dead))
-	for _, d := range dead {
-		byseq[d.Seq] = d
-	}
-	var moved []int64
-	run := func(refused error) error {
-		return inTxReadCommitted(ctx, db, func(q Querier) error {
-			taken, err := take(ctx, q)
-			moved = moved[:0]
-			if err != nil || len(taken) == 0 {
-				return err
-			}
-			rows := make([]dlRow, len(taken))
-			for i, t := range taken {
-				moved = append(moved, t.seq)
-				e := t.entry(byseq[t.seq])
-				if t.held {
-					e.HeldSeq = t.seq
-				}
-				if refused == nil {
-					rows[i] = storableRow(e, w.lim)
-				} else {
-					rows[i] = minimalRow(e, w.lim, refused)
-				}
-			}
-			return w.insert(ctx, q, rows)
-		})
-	}
-	err := run(nil)
-	if err == nil {
-		return moved, nil
-	}
-	if ctx.Err() != nil || !refusedContent(err) {
-		return nil, err
-	}
-	if err2 := run(err); err2 != nil {
-		return nil, fmt.Errorf("moving %d row(s) to the dead-letter table: %w (their minimal forms failed too: %v)", len(dead), err, err2)
-	}
-	return moved, nil
-}
-
-// outboxRow is one outbox row as the database returned it, before it is parsed, so that a
-// row written by raw SQL, a trigger or another producer cannot fail the read of the
-// others: the claim returns it with Claimed.Err, the dead-letter write-back keeps its raw
-// values.
-type outboxRow struct {
-	seq                                int64
-	id, typ, key, headers, contentType string
-	body                               []byte
-	createdAt                          lenientTime
-	attempts                           int
-}
-
-// dest are the scan targets of the claim's result columns: seq, id, type, key, headers,
-// content_type, body, created_at, attempts.
-func (r *outboxRow) dest() []any {
-	return []any{&r.seq, &r.id, &r.typ, &r.key, &r.headers, &r.contentType, &r.body, &r.createdAt, &r.attempts}
-}
-
-// message parses r. The error names each column that could not be read, or the rule of
-// outbox.Message the row breaks; the message holds what could be read.
-func (r *outboxRow) message() (outbox.Message, error) {
-	m := outbox.Message{Type: r.typ, Key: r.key, ContentType: r.contentType, Body: r.body}
-	var problems []string
-	var err error
-	if m.ID, err = uuid.Parse(r.id); err != nil { // parses the string in place: no copy to []byte
-		problems = append(problems, fmt.Sprintf("column id: %q is not a UUID", r.id))
-	}
-	if r.headers != "" {
-		if err := json.Unmarshal([]byte(r.headers), &m.Headers); err != nil {
-			m.Headers = nil
-			problems = append(problems, fmt.Sprintf("column headers: %s is not a JSON object of strings (%v)", clip(r.headers), err))
-		}
-	}
-	m.CreatedAt = r.createdAt.t
-	if r.createdAt.err != nil {
-		problems = append(problems, "column created_at: "+r.createdAt.err.Error())
-	}
-	if len(problems) == 0 {
-		if err := m.Validate(); err != nil {
-			return m, err
-		}
-		return m, nil
-	}
-	return m, errors.New(strings.Join(problems, "; "))
-}
-
-// clip shortens a value quoted in an error.
-func clip(s string) string {
-	if len(s) <= 200 {
-		return s
-	}
-	c, _ := cleanText(s, 200, 0)
-	return c
-}
-
-// failedRow is an outbox row taken for the dead-letter table, with its failure times, and
-// whether it stays in the outbox, held.
-type failedRow struct {
-	outboxRow
-	firstFailedAt, lastFailedAt lenientTime
-	held                        bool
-}
-
-func (r *failedRow) dest() []any {
-	return append(r.outboxRow.dest(), &r.firstFailedAt, &r.lastFailedAt)
-}
-
-// entry builds the dead letter of r. A row that could not be read keeps its columns as
-// they were in the entry's Raw.
-func (r *failedRow) entry(d outboxdriver.DeadLetter) deadletter.Entry {
-	m, err := r.message()
-	e := deadletter.Entry{
-		Message:       m,
-		Stage:         deadletter.StageRelay,
-		Kind:          deadletter.Kind(d.Kind),
-		Reason:        d.Reason,
-		Attempts:      r.attempts,
-		FirstFailedAt: r.firstFailedAt.t,
-		LastFailedAt:  r.lastFailedAt.t,
-	}
-	if err != nil {
-		e.Raw = &deadletter.Raw{ID: r.id, Type: r.typ, Key: r.key, ContentType: r.contentType, CreatedAt: r.createdAt.text}
-		if m.Headers == nil {
-			e.Raw.HeadersText = r.headers
-		}
-		if e.Kind == "" {
-			e.Kind = deadletter.KindUnreadableRow
-		}
-	}
-	return e
-}
-
-// scanFailed reads the rows of a dead-letter write-back's take statement; with held, each
-// row ends with a boolean column: whether it stays in the outbox, held.
-func scanFailed(rows Rows, held bool) ([]failedRow, error) {
-	defer rows.Close()
-	var out []failedRow
-	for rows.Next() {
-		var r failedRow
-		dest := r.dest()
-		if held {
-			dest = append(dest, &r.held)
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
-// lenientTime scans a time given as time.Time or as text and never fails: text it cannot
-// read is kept, with the reason, for the caller to report.
-type lenientTime struct {
-	t    time.Time
-	text string // the text as read, when it was text
-	err  error
-}
-
-func (l *lenientTime) Scan(src any) error {
-	*l = lenientTime{}
-	var at anyTime
-	switch v := src.(type) {
-	case nil:
-		return nil
-	case []byte:
-		l.text = string(v)
-	case string:
-		l.text = v
-	case time.Time:
-		l.t = v.UTC()
-		return nil
-	default:
-		l.text = fmt.Sprint(v)
-	}
-	if err := at.Scan(l.text); err != nil {
-		l.err = fmt.Errorf("%q is not a time", clip(l.text))
-		return nil
-	}
-	l.t = at.t
-	return nil
-}
-
-var _ sql.Scanner = (*lenientTime)(nil)

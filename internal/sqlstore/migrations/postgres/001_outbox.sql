@@ -1,4 +1,4 @@
--- The outbox, the dead-letter table, and the relay's claim and complete functions.
+-- The outbox, the dead-letter table, and the relay's complete function (its claim: 004).
 
 
 CREATE TABLE {{.Outbox}} (
@@ -53,51 +53,11 @@ CREATE INDEX {{idx "dead_letters_status_time_idx"}} ON {{.DeadLetters}} (status,
 CREATE INDEX {{idx "dead_letters_time_idx"}} ON {{.DeadLetters}} (last_failed_at);
 CREATE INDEX {{idx "dead_letters_event_idx"}} ON {{.DeadLetters}} (event_id);
 
--- Claim leases up to p_limit due messages. Claims of one outbox are serialised by an advisory
--- lock so that the check "no earlier message of this key is leased or waiting" sees every
--- committed claim (READ COMMITTED: each statement below takes a fresh snapshot). The relay's
--- own commits may be lost on a crash without losing events (only re-sending them), so they
--- skip the WAL flush.
-CREATE FUNCTION {{.ClaimFunc}}(p_owner text, p_token bigint, p_limit integer, p_lease_ms bigint)
-RETURNS TABLE (seq bigint, id text, type text, key text, headers text, content_type text,
-               body bytea, created_at timestamptz, attempts integer)
-LANGUAGE plpgsql
--- JIT compiling this small, frequent query costs far more than it saves.
-SET jit = off
-AS $fn$
-#variable_conflict use_column
-BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM pg_advisory_xact_lock({{.LockKey}});
-    RETURN QUERY
-    UPDATE {{.Outbox}} AS o
-       SET claim_token = p_token,
-           lease_owner = p_owner,
-           lease_until = now() + p_lease_ms * interval '1 millisecond',
-           attempts    = o.attempts + 1
-     -- ARRAY(...) keeps the update on the primary key; a join would hash the whole table.
-     WHERE o.seq = ANY (ARRAY(
-            SELECT c.seq
-              FROM {{.Outbox}} AS c
-             WHERE c.available_at <= now()
-               AND (c.lease_until IS NULL OR c.lease_until <= now())
-               AND (c.key = '' OR NOT EXISTS (
-                      SELECT 1 FROM {{.Outbox}} AS p
-                       WHERE p.key = c.key AND p.key <> '' AND p.seq < c.seq
-                         AND (p.available_at > now() OR p.lease_until > now())))
-             ORDER BY c.seq
-             LIMIT p_limit
-             FOR UPDATE SKIP LOCKED))
-    RETURNING o.seq, o.id::text, o.type, o.key, coalesce(o.headers::text, ''), o.content_type,
-              o.body, o.created_at, o.attempts;
-END
-$fn$;
-
 -- Complete deletes delivered messages of one claim, skipping the WAL flush like the claim.
 -- When they are every seq from the lowest to the highest (a claim of keyless rows mostly is),
 -- it deletes that range of the primary key (one descent) instead of looking each up: the
 -- claim's rows in the range are exactly these. The plans are generic and never scan the
--- whole table, as in the claim function (004).
+-- whole table, as in the claim (004).
 CREATE FUNCTION {{.CompleteFunc}}(p_token bigint, p_seqs bigint[])
 RETURNS void
 LANGUAGE plpgsql

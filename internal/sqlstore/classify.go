@@ -1,7 +1,6 @@
 package sqlstore
 
 import (
-	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
@@ -9,13 +8,8 @@ import (
 	"io"
 	"reflect"
 	"strings"
-	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/txoutbox/outbox"
-	"github.com/txoutbox/outbox/deadletter"
-	"github.com/txoutbox/outbox/outboxdriver"
 )
 
 // This file tells what a database's error means for the message at hand: a schema that is
@@ -44,12 +38,12 @@ func Classify(err error, n *Names) error {
 	return err
 }
 
-// ClassifyUnavailable marks err with outbox.Unavailable when it says that the database could
+// classifyUnavailable marks err with outbox.Unavailable when it says that the database could
 // not be reached or refused service; other errors are returned as they are. It is Classify
 // for errors that may be the caller's own (a handler's statements in a transaction of ours):
 // a table of theirs that does not exist is not our schema's problem, but a connection that
 // broke is the database's whoever's statement it broke.
-func ClassifyUnavailable(err error) error {
+func classifyUnavailable(err error) error {
 	if err == nil || errors.Is(err, outbox.ErrUnavailable) || !databaseUnavailable(err) {
 		return err
 	}
@@ -221,119 +215,4 @@ func sqliteCode(e error) (int, bool) {
 func connectError(e error) bool {
 	t := reflect.TypeOf(e)
 	return t.Kind() == reflect.Pointer && t.Elem().Name() == "ConnectError" && strings.HasSuffix(t.Elem().PkgPath(), "/pgconn")
-}
-
-// relayStore is what each dialect's relay store implements.
-type relayStore interface {
-	outboxdriver.Store
-	outboxdriver.StatsReader
-}
-
-// classifiedStore is a dialect's relay store whose errors are classified (see Classify),
-// and which validates its schema for Relay.Run (outboxdriver.Validator).
-type classifiedStore struct {
-	s  relayStore
-	d  Dialect
-	db DB
-	n  *Names
-}
-
-var (
-	_ outboxdriver.Validator   = (*classifiedStore)(nil)
-	_ outboxdriver.StatsReader = (*classifiedStore)(nil)
-)
-
-func classified(d Dialect, db DB, n *Names, s relayStore) outboxdriver.Store {
-	return &classifiedStore{s: s, d: d, db: db, n: n}
-}
-
-func (c *classifiedStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
-	claimed, err := c.s.Claim(ctx, p)
-	if err != nil {
-		return nil, Classify(err, c.n)
-	}
-	return claimed, nil
-}
-
-func (c *classifiedStore) Complete(ctx context.Context, token int64, seqs []int64) error {
-	if err := c.s.Complete(ctx, token, seqs); err != nil {
-		return Classify(err, c.n)
-	}
-	return nil
-}
-
-func (c *classifiedStore) Retry(ctx context.Context, token int64, retries []outboxdriver.Retry) error {
-	if err := c.s.Retry(ctx, token, retries); err != nil {
-		return Classify(err, c.n)
-	}
-	return nil
-}
-
-func (c *classifiedStore) DeadLetter(ctx context.Context, token int64, dead []outboxdriver.DeadLetter) ([]int64, error) {
-	moved, err := c.s.DeadLetter(ctx, token, dead)
-	if err != nil {
-		return moved, Classify(err, c.n)
-	}
-	return moved, nil
-}
-
-func (c *classifiedStore) Release(ctx context.Context, token int64, seqs []int64) error {
-	if err := c.s.Release(ctx, token, seqs); err != nil {
-		return Classify(err, c.n)
-	}
-	return nil
-}
-
-func (c *classifiedStore) Stats(ctx context.Context) (outboxdriver.Stats, error) {
-	st, err := c.s.Stats(ctx)
-	if err != nil {
-		return st, Classify(err, c.n)
-	}
-	return st, nil
-}
-
-// Validate implements outboxdriver.Validator: [Validate] over the store's database.
-func (c *classifiedStore) Validate(ctx context.Context) error {
-	return Validate(ctx, c.d, c.db, c.n)
-}
-
-// classifiedTable is a dialect's dead-letter table whose errors are classified (see
-// Classify): a consumer whose dead-letter table is down retries the message instead of
-// losing it or counting the failure against it.
-type classifiedTable struct {
-	t deadletter.Table
-	n *Names
-}
-
-func (c classifiedTable) Add(ctx context.Context, e deadletter.Entry) error {
-	return Classify(c.t.Add(ctx, e), c.n)
-}
-
-func (c classifiedTable) List(ctx context.Context, f deadletter.Filter) ([]deadletter.Entry, error) {
-	es, err := c.t.List(ctx, f)
-	return es, Classify(err, c.n)
-}
-
-func (c classifiedTable) Get(ctx context.Context, id int64) (deadletter.Entry, error) {
-	e, err := c.t.Get(ctx, id)
-	return e, Classify(err, c.n)
-}
-
-func (c classifiedTable) Replay(ctx context.Context, id int64) error {
-	return Classify(c.t.Replay(ctx, id), c.n)
-}
-
-func (c classifiedTable) Discard(ctx context.Context, id int64) error {
-	return Classify(c.t.Discard(ctx, id), c.n)
-}
-
-func (c classifiedTable) Prune(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-	n, err := c.t.Prune(ctx, retention, limit)
-	return n, Classify(err, c.n)
-}
-
-// HeldBy implements deadletter.KeyHolds: every dialect's table does.
-func (c classifiedTable) HeldBy(ctx context.Context, consumer, key string, event uuid.UUID, published time.Time) (int64, error) {
-	id, err := c.t.(deadletter.KeyHolds).HeldBy(ctx, consumer, key, event, published)
-	return id, Classify(err, c.n)
 }

@@ -1,0 +1,185 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/txoutbox/outbox/outboxdriver"
+)
+
+// mysqlStore is MySQL's relay store: its claim (below, with runs.go), the write-backs that
+// carry a value per row, and those it shares with SQLite (leasestore.go).
+type mysqlStore struct{ leaseStore }
+
+func newMySQLStore(db DB, n *Names) *mysqlStore {
+	s := &mysqlStore{leaseStore{db: db, n: n, sql: mysqlSQL}}
+	k := mysqlSQL.key
+	// MySQL and MariaDB read the first row of each group of an index as a loose index scan
+	// ("Using index for group-by").
+	s.heads = func(upper bool) string {
+		op := ">="
+		if !upper {
+			op = "<"
+		}
+		return `SELECT o.seq, o.` + k + `, ` + s.free("o") + `
+  FROM (SELECT ` + k + `, MIN(seq) AS seq FROM ` + n.Outbox + `
+         WHERE ` + k + ` <> '' AND ` + k + ` ` + op + ` ?
+         GROUP BY ` + k + ` ORDER BY ` + k + ` LIMIT ?) AS h
+  JOIN ` + n.Outbox + ` AS o ON o.seq = h.seq`
+	}
+	return s
+}
+
+// Claim is PostgreSQL's claim function as one READ COMMITTED transaction:
+//
+//  1. an outbox without keyed rows is a plain queue: its oldest free rows, FOR UPDATE SKIP
+//     LOCKED, without the claim lock;
+//  2. otherwise plan the claim (planClaim) with plain reads; if there is nothing to claim,
+//     stop without waiting for the claim lock;
+//  3. lock the claim-lock row, so claims of one outbox run one at a time and each sees
+//     every lease committed before it (a row lock ends with the transaction, as
+//     pg_advisory_xact_lock does; GET_LOCK would outlive the commit unless released by
+//     hand on the same connection, and a release lost to a cancelled context would stall
+//     every relay), and plan again: claims that held the lock meanwhile are now visible;
+//  4. lock the planned rows FOR UPDATE SKIP LOCKED, re-checking that they are free, and
+//     keep of each key's run the rows up to the first one missing (keepRuns): write-backs
+//     do not take the claim lock here, so a relay whose lease expired may be rescheduling
+//     a row of the run;
+//  5. stamp the lease on them.
+//
+// The plans are plain (non-locking) reads: MariaDB extends a statement's FOR UPDATE SKIP
+// LOCKED to its subqueries, which would skip a row a write-back holds and let a later row of
+// its key overtake it. Why this keeps each key's order: docs/ordering.md.
+func (s *mysqlStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	var claimed []outboxdriver.Claimed
+	err := inTxReadCommitted(ctx, s.db, func(q Querier) error {
+		onlyKeyless, err := s.onlyKeyless(ctx, q)
+		if err != nil {
+			return err
+		}
+		var (
+			plan  []claimCandidate
+			from  = s.n.Outbox + " FORCE INDEX (PRIMARY)" // in seq order: cheaper than through (key, seq)
+			which = s.oldestKeyless()
+			args  = []any{p.Limit}
+		)
+		if !onlyKeyless {
+			if plan, err = s.planClaim(ctx, q, p.Limit); err != nil || len(plan) == 0 {
+				return err
+			}
+			found, err := scanRow(ctx, q, nil, "SELECT id FROM "+s.n.ClaimLock+" WHERE id = 1 FOR UPDATE")
+			if err != nil {
+				return fmt.Errorf("locking %s: %w", s.n.ClaimLock, err)
+			}
+			if !found {
+				return fmt.Errorf("outbox: %s has no row: run Migrate", s.n.ClaimLock)
+			}
+			if plan, err = s.planClaim(ctx, q, p.Limit); err != nil || len(plan) == 0 {
+				return err
+			}
+			from, which, args = s.n.Outbox, inSeqs(candidateSeqs(plan))+" AND "+s.free(""), nil
+		}
+		rows, err := q.Query(ctx, `SELECT seq, id, type, `+s.sql.key+`, `+s.sql.headers+`,
+       content_type, body, created_at, attempts + 1, first_failed_at
+  FROM `+from+`
+ WHERE `+which+`
+   FOR UPDATE SKIP LOCKED`, args...)
+		if err != nil {
+			return err
+		}
+		locked, err := scanClaimed(rows, p.Limit, nil)
+		if err != nil {
+			return err
+		}
+		if !onlyKeyless {
+			// Rows locked but not kept are unlocked at commit, untouched.
+			locked, _ = keptRuns(plan, locked)
+		}
+		if len(locked) == 0 {
+			return nil
+		}
+		claimed = locked
+		return q.Exec(ctx, `UPDATE `+s.n.Outbox+`
+   SET claim_token = ?, lease_owner = ?,
+       lease_until = `+mysqlNow+` + INTERVAL ? MICROSECOND,
+       attempts = attempts + 1
+ WHERE `+inSeqs(claimedSeqs(claimed)), p.Token, p.Owner, p.Lease.Microseconds())
+	})
+	if err != nil {
+		return nil, err
+	}
+	return claimed, nil
+}
+
+// Retry records each error made storable (a broker's error text may hold anything).
+func (s *mysqlStore) Retry(ctx context.Context, token int64, retries []outboxdriver.Retry) error {
+	if len(retries) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 3*len(retries)+1)
+	for _, r := range retries {
+		msg, _ := cleanText(r.Error, 0, s.sql.lim.bytes)
+		args = append(args, r.Seq, r.Delay.Microseconds(), msg)
+	}
+	return s.db.Exec(ctx, `UPDATE `+s.n.Outbox+` AS o
+  JOIN (`+mysqlRowsSQL(len(retries), "seq SIGNED", "delay_us SIGNED", "msg CHAR")+`) AS r
+    ON o.seq = r.seq
+   SET o.available_at = `+mysqlNow+` + INTERVAL r.delay_us MICROSECOND,
+       o.last_error = r.msg,
+       o.first_failed_at = COALESCE(o.first_failed_at, `+mysqlNow+`),
+       o.claim_token = NULL, o.lease_owner = NULL, o.lease_until = NULL
+ WHERE o.claim_token = ?`, append(args, token)...)
+}
+
+// DeadLetter moves the rows to the dead-letter table in one transaction (leaseStore): a
+// locking read takes them (MySQL has no DELETE ... RETURNING), so they stay this claim's
+// until it commits, then they are held or deleted. A claim that planned a run through a
+// row being held finds it locked or no longer free, and ends the run there (keepRuns), as
+// for a Retry.
+func (s *mysqlStore) DeadLetter(ctx context.Context, token int64, dead []outboxdriver.DeadLetter) ([]int64, error) {
+	return s.deadLetters(ctx, dead, func(ctx context.Context, q Querier, hold, drop []int64) ([]failedRow, error) {
+		rows, err := q.Query(ctx, "SELECT "+s.failedColumns()+" FROM "+s.n.Outbox+" WHERE claim_token = ? AND "+
+			inSeqs(append(slices.Clone(hold), drop...))+" FOR UPDATE", token)
+		if err != nil {
+			return nil, err
+		}
+		taken, err := scanFailed(rows, false)
+		if err != nil || len(taken) == 0 {
+			return taken, err
+		}
+		held, gone := splitTaken(taken, hold)
+		if len(held) > 0 {
+			if err := q.Exec(ctx, s.holdRows(held), token); err != nil {
+				return nil, err
+			}
+		}
+		if len(gone) > 0 {
+			if err := q.Exec(ctx, "DELETE FROM "+s.n.Outbox+" WHERE claim_token = ? AND "+inSeqs(gone), token); err != nil {
+				return nil, err
+			}
+		}
+		return taken, nil
+	})
+}
+
+// mysqlRowsSQL builds a derived table of rows rows of typed placeholders, "SELECT
+// CAST(? AS SIGNED) AS seq, … UNION ALL SELECT …", for write-backs that carry a value per
+// row: the optimizer joins it to the outbox's primary key. (One JSON argument read with
+// JSON_TABLE would keep the statement constant, but a table function in a multi-table
+// UPDATE is not something every MySQL and MariaDB version is known to accept; a derived
+// table is.) Each column is "name type" with type SIGNED or CHAR.
+func mysqlRowsSQL(rows int, cols ...string) string {
+	named := make([]string, len(cols))
+	typed := make([]string, len(cols))
+	for i, c := range cols {
+		name, typ, _ := strings.Cut(c, " ")
+		typed[i] = "CAST(? AS " + typ + ")"
+		named[i] = typed[i] + " AS " + name
+	}
+	return repeatSQL("SELECT "+strings.Join(named, ", "), " UNION ALL SELECT "+strings.Join(typed, ", "), "", rows-1)
+}
