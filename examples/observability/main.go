@@ -49,6 +49,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/outboxdriver"
 	"github.com/txoutbox/outbox/relay"
 	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
@@ -232,8 +233,14 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 		_ = resp.Body.Close()
 		fmt.Fprintf(w, "POST /orders id=%s quantity=%d → %d\n", o.id, o.qty, resp.StatusCode)
 	}
-	// Settled: o-1 once, o-2 twice (a failure, then its retry), o-3 dead-lettered.
+	// Settled: o-1 once, o-2 twice (a failure, then its retry), o-3 dead-lettered, and the
+	// relay's deletes committed (the consumer can handle a message before the relay has
+	// marked it delivered, so the backlog gauge would still count it).
+	stats := store.(outboxdriver.StatsReader)
 	err = waitUntil(ctx, "the orders to be settled", func() bool {
+		if st, err := stats.Stats(ctx); err != nil || st.Backlog != 0 {
+			return false
+		}
 		n := 0
 		for _, s := range rec.Ended() {
 			if s.SpanKind() == trace.SpanKindConsumer {
