@@ -141,6 +141,42 @@ func TestGroupWaitsUntilABatchIsWorthATransaction(t *testing.T) {
 	}
 }
 
+// TestGroupMaxEventsOneIsOnce: with MaxEvents 1, every event has a transaction of its own
+// and as many run at once as there are calls — MaxTransactions does not cap them: five
+// handlers are inside their transactions together although MaxTransactions is 1.
+func TestGroupMaxEventsOneIsOnce(t *testing.T) {
+	t.Parallel()
+	const calls = 5
+	in := &memInbox{seen: map[idempotency.Key]bool{}}
+	var inside sync.WaitGroup
+	inside.Add(calls)
+	all := make(chan struct{})
+	go func() { inside.Wait(); close(all) }()
+	ctx, cancel := context.WithTimeout(consumer.WithInfo(context.Background(), consumer.Info{Consumer: "c", Attempt: 1}), time.Minute)
+	defer cancel()
+	g := idempotency.NewGroup[struct{}, step](in, func(ctx context.Context, _ struct{}, e outbox.Event[step]) error {
+		inside.Done()
+		select {
+		case <-all: // every handler is running
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, &idempotency.GroupConfig{MaxEvents: 1, MaxTransactions: 1})
+	results := make(chan error, calls)
+	for n := range calls {
+		go func() { results <- g.Handle(ctx, outbox.New(step{n})) }()
+	}
+	for range calls {
+		if err := <-results; err != nil {
+			t.Fatalf("an event returned %v, want every handler running at once", err)
+		}
+	}
+	if got, want := in.sizes(), []int{1, 1, 1, 1, 1}; !slices.Equal(got, want) {
+		t.Fatalf("keys recorded %v at a time, want one by one", got)
+	}
+}
+
 // downInbox is an inbox whose database is down: every transaction fails to begin with an
 // error marked unavailable, the first only once gate is closed.
 type downInbox struct {
