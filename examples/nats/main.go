@@ -98,6 +98,9 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 		return err
 	}
 	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return &unreachable{"PostgreSQL", err}
+	}
 	dropSchema := func() error {
 		_, err := pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
 		return err
@@ -123,7 +126,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	// infrastructure code; Provision suits examples and tests.
 	nc, err := nats.Connect(cfg.NATSURL, nats.Name("txoutbox-example-nats"))
 	if err != nil {
-		return fmt.Errorf("connecting to NATS at %s: %w", cfg.NATSURL, err)
+		return &unreachable{"NATS", err}
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -378,6 +381,15 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	}
 	return nil
 }
+
+// unreachable is a service the example could not reach.
+type unreachable struct {
+	service string
+	err     error
+}
+
+func (u *unreachable) Error() string { return "connecting to " + u.service + ": " + u.err.Error() }
+func (u *unreachable) Unwrap() error { return u.err }
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
