@@ -145,7 +145,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	}
 	defer deleteStream()
 
-	// 1. The relay's routing: the prefix, a dot, the event type. Stream makes the server
+	// The relay's routing: the prefix, a dot, the event type. Stream makes the server
 	// refuse a publish that lands in another stream, so a routing mistake fails loudly.
 	routing := &outboxnats.SenderConfig{SubjectPrefix: prefix, Stream: stream}
 	sender, err := outboxnats.NewSender(js, routing)
@@ -164,11 +164,11 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 		fmt.Fprintf(w, "  %-15s → %s\n", typ, subject)
 	}
 
-	// 2. The stream captures the prefix and everything under it: every type the relay
-	// sends, today's and those added later. A stream on other subjects leaves the relay's
+	// The stream captures the prefix and everything under it: every type the relay sends,
+	// today's and those added later. A stream on other subjects leaves the relay's
 	// publishes without responders: it pauses and waits, and nothing arrives.
-	// 3. Billing handles only orders.placed, so its consumer filters on that type's
-	// subject, computed from the same routing as the relay's: the two cannot disagree.
+	// Billing handles only orders.placed, so its consumer filters on that type's subject,
+	// computed from the same routing as the relay's: the two cannot disagree.
 	filter, err := outboxnats.SubjectsFor(routing, placedType)
 	if err != nil {
 		return err
