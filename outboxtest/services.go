@@ -1,6 +1,9 @@
 package outboxtest
 
-import "os"
+import (
+	"net/url"
+	"os"
+)
 
 // Where the tests find each service: the environment variable when it is set, otherwise
 // the loopback address scripts/services/up.sh starts the service on. One place for every
@@ -38,4 +41,14 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// Shown is a service URL as test messages may print it: its password, if any, replaced by
+// "xxxxx" (URLs come from the environment, and a CI log is no place for a secret).
+func Shown(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(a URL that does not parse)"
+	}
+	return u.Redacted()
 }

@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azqueue/v2"
-	"github.com/jackc/pgx/v5"
-
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/internal/readmetest"
 	"github.com/txoutbox/outbox/outboxtest"
 )
@@ -19,7 +18,7 @@ func TestREADME(t *testing.T) {
 	cfg := configFromEnv()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	outboxtest.RequireService(t, "PostgreSQL at "+cfg.PGURL, pingPostgres(ctx, cfg.PGURL))
+	pgxtest.RequireServer(t, cfg.PGURL)
 	outboxtest.RequireService(t, "Azure Queue Storage (Azurite)", pingAzure(ctx, cfg.AzureConn))
 
 	var out strings.Builder
@@ -29,16 +28,6 @@ func TestREADME(t *testing.T) {
 	if want := readmetest.Output(t, "README.md", "<!-- output -->"); out.String() != want {
 		t.Errorf("the example's output differs from README.md's\n--- got:\n%s--- README.md:\n%s", out.String(), want)
 	}
-}
-
-func pingPostgres(ctx context.Context, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	return conn.Close(ctx)
 }
 
 func pingAzure(ctx context.Context, conn string) error {

@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/internal/readmetest"
-	"github.com/txoutbox/outbox/outboxtest"
 )
 
 // TestREADME runs the service's demo against PostgreSQL and checks that it prints exactly
@@ -23,7 +21,7 @@ func TestREADME(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	outboxtest.RequireService(t, "PostgreSQL at "+cfg.PGURL, ping(ctx, cfg.PGURL))
+	pgxtest.RequireServer(t, cfg.PGURL)
 
 	var out strings.Builder
 	if err := run(ctx, &out, cfg); err != nil {
@@ -32,14 +30,4 @@ func TestREADME(t *testing.T) {
 	if want := readmetest.Output(t, "README.md", "<!-- output -->"); out.String() != want {
 		t.Errorf("the example's output differs from README.md's\n--- got:\n%s--- README.md:\n%s", out.String(), want)
 	}
-}
-
-func ping(ctx context.Context, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	return conn.Close(ctx)
 }

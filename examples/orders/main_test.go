@@ -8,8 +8,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/jackc/pgx/v5"
-
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/internal/readmetest"
 	"github.com/txoutbox/outbox/outboxtest"
 )
@@ -20,7 +19,7 @@ func TestREADME(t *testing.T) {
 	cfg := configFromEnv()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	outboxtest.RequireService(t, "PostgreSQL at "+cfg.PGURL, pingPostgres(ctx, cfg.PGURL))
+	pgxtest.RequireServer(t, cfg.PGURL)
 	outboxtest.RequireService(t, "SQS at "+cfg.SQSEndpoint, pingSQS(ctx, cfg.SQSEndpoint))
 
 	var out strings.Builder
@@ -30,16 +29,6 @@ func TestREADME(t *testing.T) {
 	if want := readmetest.Output(t, "README.md", "<!-- output -->"); out.String() != want {
 		t.Errorf("the example's output differs from README.md's\n--- got:\n%s--- README.md:\n%s", out.String(), want)
 	}
-}
-
-func pingPostgres(ctx context.Context, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	return conn.Close(ctx)
 }
 
 func pingSQS(ctx context.Context, endpoint string) error {

@@ -28,7 +28,7 @@ func connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(outboxtest.NATSURL(), nats.Timeout(2*time.Second), nats.Name(t.Name()))
 	if err != nil {
-		outboxtest.RequireService(t, "NATS at "+outboxtest.NATSURL(), err)
+		outboxtest.RequireService(t, "NATS at "+outboxtest.Shown(outboxtest.NATSURL()), err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -38,7 +38,7 @@ func connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := js.AccountInfo(ctx); err != nil {
-		outboxtest.RequireService(t, "JetStream at "+outboxtest.NATSURL(), err)
+		outboxtest.RequireService(t, "JetStream at "+outboxtest.Shown(outboxtest.NATSURL()), err)
 	}
 	return nc, js
 }

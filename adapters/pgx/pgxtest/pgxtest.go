@@ -33,6 +33,20 @@ import (
 // URL returns $TXOUTBOX_PG_URL, or the local test database ([outboxtest.PostgresURL]).
 func URL() string { return outboxtest.PostgresURL() }
 
+// RequireServer makes sure a PostgreSQL server answers at url within 3 seconds: a failure
+// when $CI is set, a skip otherwise ([outboxtest.RequireService]). For the tests of
+// programs that open their own pool, such as the examples.
+func RequireServer(t testing.TB, url string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		err = conn.Close(ctx)
+	}
+	outboxtest.RequireService(t, "PostgreSQL at "+outboxtest.Shown(url), err)
+}
+
 // Outbox is an outbox in a schema of its own, with the pool it was created on.
 type Outbox struct {
 	*outboxpgx.Outbox
@@ -54,7 +68,7 @@ func New(t testing.TB, prefix string) *Outbox {
 			pool.Close()
 		}
 	}
-	outboxtest.RequireService(t, "PostgreSQL at "+URL(), err)
+	outboxtest.RequireService(t, "PostgreSQL at "+outboxtest.Shown(URL()), err)
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	schema := prefix + "_" + hex.EncodeToString(suffix)
