@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
@@ -30,7 +32,14 @@ type GroupConfig struct {
 	// COMMIT) are then shared by as many events as the others', where starting at once
 	// would spend them on the first few, often one (with Concurrency 32 on two cores: ~40 %
 	// more events/s, a third less CPU per event). An idle group starts a batch at once.
-	// SQLite has one writer: there, batches queue for it whatever this is.
+	// Left unset, the default is a floor, and the group sizes batches by time: a batch is
+	// worth starting once the events waiting would spend twice a transaction's own time
+	// (BEGIN, the keys' insert, COMMIT) in their handlers, which a batch runs one after
+	// another, and as many batches may run as the events in the group fill. Slow handlers
+	// then run side by side instead of queueing behind one another (handlers slower than a
+	// commit get a transaction each, as with Once); quick ones still share about 2 large
+	// batches. Set, it is a hard cap, and batches are sized by count alone. SQLite has one
+	// writer: there, batches queue for it whatever this is.
 	MaxTransactions int
 }
 
@@ -106,12 +115,14 @@ type Group[TTx any, T outbox.Payload] struct {
 	h      TxHandler[TTx, T]
 	single func(ctx context.Context, e outbox.Event[T]) error // Once: one event, one transaction
 	max    int                                                // events per batch
-	maxTx  int                                                // batches running at once
+	maxTx  int                                                // batches running at once (see limit)
+	adapt  bool                                               // MaxTransactions left to the group
 
 	// Leader/follower protocol, all under mu. A call appends its item to queue. At most one
 	// queued item is the designated leader (next), always the head of queue; it is designated
 	// when there is none and the queue is worth a batch (worth: no batch runs, or fewer than
-	// maxTx do and the queue holds at least their average size). A call that enqueues checks
+	// the limit do and the queue holds at least their average size, or a batch's fill; see
+	// worthBatch). A call that enqueues checks
 	// this, and leads at once when it is the head. A leader takes up to max items from the
 	// head of queue (its own first), runs them as one transaction without mu, and on
 	// finishing checks it again: an item enqueued meanwhile is therefore either taken, or
@@ -127,6 +138,9 @@ type Group[TTx any, T outbox.Payload] struct {
 	next    *groupItem[T]   // the designated leader of the next batch (queue[0]), or nil
 	running int             // batches taken and not finished
 	inBatch int             // events in those batches
+	// Moving averages, in seconds, of a handler call's time and of a committed transaction's
+	// time outside its handlers (BEGIN, the keys' insert, COMMIT): see fill.
+	handlerTime, ownTime float64
 }
 
 // NewGroup returns the group-commit handler of h over in; pass its Handle to
@@ -138,7 +152,8 @@ func NewGroup[TTx any, T outbox.Payload](in Inbox[TTx], h TxHandler[TTx, T], cfg
 	if err := c.validate(); err != nil {
 		panic(err)
 	}
-	return &Group[TTx, T]{in: in, h: h, single: Once(in, h), max: c.MaxEvents, maxTx: c.MaxTransactions}
+	return &Group[TTx, T]{in: in, h: h, single: Once(in, h), max: c.MaxEvents, maxTx: c.MaxTransactions,
+		adapt: cfg == nil || cfg.MaxTransactions == 0}
 }
 
 // Waiting returns how many calls wait for a batch (not yet taken into one): a gauge of how
@@ -224,10 +239,41 @@ func (g *Group[TTx, T]) withdraw(it *groupItem[T]) {
 }
 
 // worthBatch reports, under mu, whether the queue is worth a batch now: no batch runs, or
-// a transaction slot is free and the queue holds at least as many events as a running batch
-// does on average.
+// a transaction slot is free (see limit) and the queue holds at least as many events as a
+// running batch does on average, or as many as fill a batch's time (see fill).
 func (g *Group[TTx, T]) worthBatch() bool {
-	return len(g.queue) > 0 && (g.running == 0 || g.running < g.maxTx && len(g.queue)*g.running >= g.inBatch)
+	if len(g.queue) == 0 {
+		return false
+	}
+	if g.running == 0 {
+		return true
+	}
+	fill := g.fill()
+	limit := g.maxTx
+	if fill > 0 { // the group chooses: as many transactions as the events in it fill
+		limit = max(limit, int(math.Ceil(float64(len(g.queue)+g.inBatch)/fill)))
+	}
+	return g.running < limit && (len(g.queue)*g.running >= g.inBatch || fill > 0 && float64(len(g.queue)) >= fill)
+}
+
+// fill, under mu, is how many events fill a batch when the group chooses its transactions
+// (MaxTransactions unset): as many as spend twice a transaction's own time (BEGIN, the
+// keys' insert, COMMIT) in their handlers, at least 1; 0 otherwise, and until a transaction
+// committed. A batch runs its handlers one after another, so with slow handlers a few
+// large batches leave the events waiting on one another's handlers rather than on the
+// database: once that many events wait, they are worth a transaction of their own, and the
+// events in the group may run in as many transactions as they fill (MaxTransactions at
+// least). Quick handlers fill a batch with many events, and the group runs about
+// MaxTransactions large batches; handlers slower than a commit fill it with one, and the
+// group runs a transaction per event, as Once does.
+func (g *Group[TTx, T]) fill() float64 {
+	if !g.adapt || g.ownTime <= 0 {
+		return 0
+	}
+	if g.handlerTime <= 0 {
+		return float64(g.max)
+	}
+	return min(float64(g.max), max(1, 2*g.ownTime/g.handlerTime))
 }
 
 // designate, under mu, makes the head of queue the next leader if there is none yet and the
@@ -276,9 +322,9 @@ func (g *Group[TTx, T]) lead(me *groupItem[T]) error {
 	g.designate() // more than max queued: the rest may start in another transaction
 	g.mu.Unlock()
 
-	// Free the slot, designate, and release the followers on every way out: after a batch of
-	// one, and on a panic (of h in a batch of one, which then reaches the consumer's
-	// recover), so no call is ever left waiting.
+	// Free the slot, designate, and release the followers on every way out, a panic too (of
+	// h in a batch of one, which then reaches the consumer's recover), so no call is ever
+	// left waiting.
 	delivered := false
 	defer func() {
 		if !delivered {
@@ -290,10 +336,22 @@ func (g *Group[TTx, T]) lead(me *groupItem[T]) error {
 	}()
 	if len(batch) == 1 {
 		// Nothing to group: exactly Once, and its error is this event's own.
-		return g.single(me.ctx, me.e)
+		var inH time.Duration
+		calls := 0
+		start := time.Now()
+		err := Once(g.in, func(ctx context.Context, tx TTx, e outbox.Event[T]) error {
+			t := time.Now()
+			defer func() { inH, calls = inH+time.Since(t), calls+1 }()
+			return g.h(ctx, tx, e)
+		})(me.ctx, me.e)
+		delivered = true
+		g.finishTimed(n, err == nil, inH, calls, time.Since(start))
+		return err
 	}
-	err := g.runBatch(me.ctx, batch)
-	g.finish(n) // first, so the next batch starts while this one's calls return
+	start := time.Now()
+	inH, calls, err := g.runBatch(me.ctx, batch)
+	// First, so that the next batch starts while this one's calls return.
+	g.finishTimed(n, err == nil, inH, calls, time.Since(start))
 	s := sigCommitted
 	switch {
 	case err == nil:
@@ -320,8 +378,29 @@ func (g *Group[TTx, T]) lead(me *groupItem[T]) error {
 }
 
 // finish frees the transaction slot of a batch of n events.
-func (g *Group[TTx, T]) finish(n int) {
+func (g *Group[TTx, T]) finish(n int) { g.finishTimed(n, false, 0, 0, 0) }
+
+// finishTimed is finish, and if the batch committed, adds its handler calls' mean time (inH
+// over calls) and its own time (total less inH) to the moving averages that fill reads.
+func (g *Group[TTx, T]) finishTimed(n int, committed bool, inH time.Duration, calls int, total time.Duration) {
 	g.mu.Lock()
+	if committed && g.adapt {
+		const weight = 0.125 // of the newest transaction
+		own := max(total-inH, 0).Seconds()
+		if g.ownTime == 0 {
+			g.ownTime = own
+		} else {
+			g.ownTime += weight * (own - g.ownTime)
+		}
+		if calls > 0 {
+			h := inH.Seconds() / float64(calls)
+			if g.handlerTime == 0 {
+				g.handlerTime = h
+			} else {
+				g.handlerTime += weight * (h - g.handlerTime)
+			}
+		}
+	}
 	g.running--
 	g.inBatch -= n
 	g.designate()
@@ -334,13 +413,13 @@ func (g *Group[TTx, T]) finish(n int) {
 // subtransaction ID until the top-level commit, and more than 64 of them overflow the
 // per-backend subxid cache (PGPROC), a known cliff that slows snapshots on every connection.
 // Re-running the batch's events one by one costs a failure a few extra transactions instead.
-func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) error {
+func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) (inH time.Duration, calls int, err error) {
 	keys := make([]Key, len(batch))
 	for i, it := range batch {
 		keys[i] = it.key
 	}
 	var fresh []bool
-	err := g.in.InTx(ctx, func(tx TTx) error {
+	err = g.in.InTx(ctx, func(tx TTx) error {
 		var err error
 		if fresh, err = g.in.RecordMany(ctx, tx, keys); err != nil {
 			return err
@@ -349,7 +428,11 @@ func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) err
 			if !fresh[i] {
 				continue // handled before, or a duplicate delivery in this very batch
 			}
-			if err := callTx(it.ctx, g.h, tx, it.e); err != nil {
+			t := time.Now()
+			err := callTx(it.ctx, g.h, tx, it.e)
+			inH += time.Since(t)
+			calls++
+			if err != nil {
 				return err
 			}
 		}
@@ -362,7 +445,7 @@ func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) err
 			}
 		}
 	}
-	return err
+	return inH, calls, err
 }
 
 // callTx runs h, turning a panic into an error so the batch rolls back and every event in it
