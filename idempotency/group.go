@@ -83,11 +83,11 @@ func (c *GroupConfig) validate() error {
 // reaches about three quarters of that. An event handled alone — an idle group, a consumer
 // of one event at a time — is a batch of one, which is exactly Once. An event that arrives
 // while a batch runs may wait for it to end, so that the next batch is worth its transaction
-// (see MaxTransactions). Because a batch's handlers run in sequence, a group handles at most
-// about MaxTransactions events per duration of h — with the defaults and an h of 1 ms, 2,000
-// events/s — and a slow h (a long query, a lock wait) delays every event of its batch: for
-// such a handler, set MaxEvents to 1 (Once), which runs as many transactions at once as the
-// consumer handles events.
+// (see MaxTransactions). A batch runs its handlers one after another, so a slow h (a long
+// query, a lock wait) delays every event of its batch: by default the group sizes batches by
+// the handlers' time, so slow handlers run side by side in small batches, down to one event
+// each. A MaxTransactions that is set caps the batches running at once, and a group then
+// handles at most about MaxTransactions events per duration of h. MaxEvents 1 is Once.
 //
 // The guarantee is Once's: h's effects commit exactly once per (consumer, event ID),
 // together with the key. The contract is Once's too — h writes only through tx — with one

@@ -155,3 +155,82 @@ func runUntilDrained(b *testing.B, c *consumer.Consumer, q *outboxmemory.Queue) 
 	}
 	return elapsed
 }
+
+// BenchmarkConsumerHandlerCost: what grouping by default costs a handler heavier than one
+// INSERT. For handlers of 1, 4 and 8 INSERTs and one of an INSERT that waits 2 ms in the
+// database (a lock wait, a slow query: time, not work), events/s of the handler in a
+// transaction of its own without the inbox ("plain"), in outboxpgx.Idempotent with its
+// defaults, with one event per transaction (MaxEvents 1: "once") and with a fixed
+// MaxTransactions 2 ("fixed2", batches sized by count alone); 32 events in flight, three
+// rounds of 4,000 events, medians reported as ratios to plain in the same run.
+//
+//	go test -run '^$' -bench BenchmarkConsumerHandlerCost -benchtime 1x ./adapters/pgx
+func BenchmarkConsumerHandlerCost(b *testing.B) {
+	const n, rounds = 4000, 3
+	o := benchOutbox(b)
+	ctx := context.Background()
+	effects := o.schema + ".cost_effects"
+	pool, _ := pgxtest.TaggedPool(b, 32)
+	if _, err := o.pool.Exec(ctx, "CREATE TABLE "+effects+" (event_id uuid NOT NULL, k int NOT NULL, total bigint NOT NULL, PRIMARY KEY (event_id, k))"); err != nil {
+		b.Fatal(err)
+	}
+	measure := func(name string, h consumer.Handler[order]) float64 {
+		q := outboxmemory.New(nil)
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i], _ = outbox.New(order{int64(i), 42}).Encode()
+		}
+		if err := q.Send(ctx, msgs); err != nil {
+			b.Fatal(err)
+		}
+		c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.deadLetters(b), Concurrency: 32, BatchSize: 32})
+		if err != nil {
+			b.Fatal(err)
+		}
+		consumer.Handle(c, h)
+		elapsed := runUntilDrained(b, c, q)
+		if _, err := o.pool.Exec(ctx, "TRUNCATE "+effects); err != nil {
+			b.Fatal(err)
+		}
+		return n / elapsed.Seconds()
+	}
+	for _, handler := range []struct {
+		name    string
+		inserts int // 0: one INSERT after a 2 ms wait
+	}{{"1insert", 1}, {"4inserts", 4}, {"8inserts", 8}, {"wait2ms", 0}} {
+		effect := func(ctx context.Context, tx pgx.Tx, e outbox.Event[order]) error {
+			if handler.inserts == 0 {
+				_, err := tx.Exec(ctx, "INSERT INTO "+effects+" SELECT $1, 0, $2 FROM pg_sleep(0.002)", e.ID, e.Payload.Total)
+				return err
+			}
+			for i := range handler.inserts {
+				if _, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, $2, $3)", e.ID, i, e.Payload.Total); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		variants := []struct {
+			name string
+			h    consumer.Handler[order]
+		}{
+			{"plain", func(ctx context.Context, e outbox.Event[order]) error {
+				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, e) })
+			}},
+			{"idempotent", outboxpgx.Idempotent(o.Outbox, pool, effect, nil)},
+			{"once", outboxpgx.Idempotent(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxEvents: 1})},
+			{"fixed2", outboxpgx.Idempotent(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxTransactions: 2})},
+		}
+		rates := map[string][]float64{}
+		for round := range rounds {
+			for _, v := range variants {
+				rates[v.name] = append(rates[v.name], measure(fmt.Sprintf("%s_%s_%d", handler.name, v.name, round), v.h))
+			}
+		}
+		plain := median(rates["plain"])
+		b.ReportMetric(plain, handler.name+"_plain_events/s")
+		for _, v := range variants[1:] {
+			b.ReportMetric(median(rates[v.name])/plain, handler.name+"_"+v.name+"/plain")
+		}
+	}
+}

@@ -100,15 +100,16 @@ func (o *Outbox) IdempotentHTTP(db *sql.DB, h idempotency.HTTPTxHandler[*sql.Tx]
 // crash before commit re-runs h on redelivery and a crash after commit (before the ack) is
 // absorbed by the inbox.
 //
-// Events handled at the same time share one transaction (group commit): one inbox statement
-// and one commit for up to cfg.MaxEvents of them, their handlers run one after another, so a
-// busy consumer is not bound by the database's commits per second; an event handled alone
-// has a transaction of its own. h may therefore run more than once for an event, every run
-// but the last rolled back: when one handler of a shared transaction fails, the others are
-// handled again, each alone, and only the failing one gets its error. For a slow h (a long
-// query, a lock wait), cfg MaxEvents 1 gives every event its own transaction. cfg nil means
-// the defaults. If db is nil, the handler fails every event permanently. See
-// [idempotency.Group].
+// Events handled at the same time share one transaction (group commit): one inbox statement and
+// one commit for several of them, their handlers run one after another, so a busy consumer is
+// not bound by the database's commits per second; an event handled alone has a transaction of
+// its own. The group sizes its batches by its handlers' time: quick handlers share a few large
+// batches, slow ones (a long query, a lock wait) run side by side in small ones, down to a
+// transaction each. h may therefore run more than once for an event, every run but the last
+// rolled back: when one handler of a shared transaction fails, the others are handled again,
+// each alone, and only the failing one gets its error. cfg MaxEvents 1 gives every event its
+// own transaction, always. cfg nil means the defaults. If db is nil, the handler fails every
+// event permanently. See [idempotency.Group].
 func Idempotent[T outbox.Payload](o *Outbox, db *sql.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
 	in, err := o.NewInbox(db)
 	if err != nil {
