@@ -20,8 +20,8 @@ type GroupConfig struct {
 	// hold events handled at the same time, so the consumer's Concurrency caps it too.
 	// 1 turns group commit off: every event is handled in a transaction of its own, exactly
 	// as [Once] does it, as many at once as the consumer handles (MaxTransactions does not
-	// apply). Choose 1 when h is slow — a long query, a lock wait — since a batch runs its
-	// handlers one after another.
+	// apply). The default already runs slow handlers (a long query, a lock wait) side by
+	// side, in smaller batches (see MaxTransactions); 1 makes it so from the first event.
 	MaxEvents int
 	// MaxTransactions caps how many batches run at once, each in its own transaction on
 	// its own connection. Default 2: one batch fills while the other runs, which measured
@@ -36,9 +36,9 @@ type GroupConfig struct {
 	// worth starting once the events waiting would spend twice a transaction's own time
 	// (BEGIN, the keys' insert, COMMIT) in their handlers, which a batch runs one after
 	// another, and as many batches may run as the events in the group fill. Slow handlers
-	// then run side by side instead of queueing behind one another (handlers slower than a
-	// commit get a transaction each, as with Once); quick ones still share about 2 large
-	// batches. Set, it is a hard cap, and batches are sized by count alone. SQLite has one
+	// then run side by side instead of queueing behind one another (a handler that takes
+	// twice a transaction's own time gets a transaction per event, as with Once); quick
+	// ones still share about 2 large batches. Set, it is a hard cap, and batches are sized by count alone. SQLite has one
 	// writer: there, batches queue for it whatever this is.
 	MaxTransactions int
 }
@@ -264,8 +264,8 @@ func (g *Group[TTx, T]) worthBatch() bool {
 // database: once that many events wait, they are worth a transaction of their own, and the
 // events in the group may run in as many transactions as they fill (MaxTransactions at
 // least). Quick handlers fill a batch with many events, and the group runs about
-// MaxTransactions large batches; handlers slower than a commit fill it with one, and the
-// group runs a transaction per event, as Once does.
+// MaxTransactions large batches; a handler that takes twice a transaction's own time fills
+// it alone, and the group runs a transaction per event, as Once does.
 func (g *Group[TTx, T]) fill() float64 {
 	if !g.adapt || g.ownTime <= 0 {
 		return 0
