@@ -38,8 +38,8 @@ type GroupConfig struct {
 	// another, and as many batches may run as the events in the group fill. Slow handlers
 	// then run side by side instead of queueing behind one another (a handler that takes
 	// twice a transaction's own time gets a transaction per event, as with Once); quick
-	// ones still share about 2 large batches. Set, it is a hard cap, and batches are sized by count alone. SQLite has one
-	// writer: there, batches queue for it whatever this is.
+	// ones still share about 2 large batches. Set, it is a hard cap, and batches are sized
+	// by count alone. SQLite has one writer: there, batches queue for it whatever this is.
 	MaxTransactions int
 }
 
@@ -115,20 +115,20 @@ type Group[TTx any, T outbox.Payload] struct {
 	h      TxHandler[TTx, T]
 	single func(ctx context.Context, e outbox.Event[T]) error // Once: one event, one transaction
 	max    int                                                // events per batch
-	maxTx  int                                                // batches running at once (see limit)
+	maxTx  int                                                // batches running at once (see worthBatch)
 	adapt  bool                                               // MaxTransactions left to the group
 
 	// Leader/follower protocol, all under mu. A call appends its item to queue. At most one
 	// queued item is the designated leader (next), always the head of queue; it is designated
 	// when there is none and the queue is worth a batch (worth: no batch runs, or fewer than
 	// the limit do and the queue holds at least their average size, or a batch's fill; see
-	// worthBatch). A call that enqueues checks
-	// this, and leads at once when it is the head. A leader takes up to max items from the
-	// head of queue (its own first), runs them as one transaction without mu, and on
-	// finishing checks it again: an item enqueued meanwhile is therefore either taken, or
-	// designated, or waiting for a running batch to finish — never stranded. Invariant:
-	// queue is non-empty only while next is set or a batch runs. A waiting call whose ctx
-	// ends removes its item if not yet taken, passing the designation on if it had it.
+	// worthBatch). A call that enqueues checks this, and leads at once when it is the head.
+	// A leader takes up to max items from the head of queue (its own first), runs them as
+	// one transaction without mu, and on finishing checks it again: an item enqueued
+	// meanwhile is therefore either taken, or designated, or waiting for a running batch to
+	// finish — never stranded. Invariant: queue is non-empty only while next is set or a
+	// batch runs. A waiting call whose ctx ends removes its item if not yet taken, passing
+	// the designation on if it had it.
 	//
 	// Per-key order needs no care here: consumer.Consumer runs at most one event per key at a
 	// time (its per-key queues in dispatch, whatever the transport), so no two batches, running
