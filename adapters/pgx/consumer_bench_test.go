@@ -53,19 +53,7 @@ func BenchmarkConsumer(b *testing.B) {
 	}
 	// measure returns the events/s of one round and the CPU time each meter read meanwhile.
 	measure := func(name string, concurrency int, h consumer.Handler[order]) (float64, []int64) {
-		q := outboxmemory.New(nil)
-		msgs := make([]outbox.Message, n)
-		for i := range msgs {
-			msgs[i], _ = outbox.New(order{int64(i), 42}).Encode()
-		}
-		if err := q.Send(ctx, msgs); err != nil {
-			b.Fatal(err)
-		}
-		c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.deadLetters(b), Concurrency: concurrency, BatchSize: concurrency})
-		if err != nil {
-			b.Fatal(err)
-		}
-		consumer.Handle(c, h)
+		c, q := queuedConsumer(b, o, name, n, concurrency, h)
 		cpu := read()
 		elapsed := runUntilDrained(b, c, q)
 		for i, c1 := range read() {
@@ -139,6 +127,25 @@ func BenchmarkConsumer(b *testing.B) {
 	}
 }
 
+// queuedConsumer returns an in-memory queue holding n order events and a consumer named name
+// (a fresh inbox) that runs h on them, concurrency at a time.
+func queuedConsumer(b *testing.B, o *testOutbox, name string, n, concurrency int, h consumer.Handler[order]) (*consumer.Consumer, *outboxmemory.Queue) {
+	q := outboxmemory.New(nil)
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i], _ = outbox.New(order{int64(i), 42}).Encode()
+	}
+	if err := q.Send(context.Background(), msgs); err != nil {
+		b.Fatal(err)
+	}
+	c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.deadLetters(b), Concurrency: concurrency, BatchSize: concurrency})
+	if err != nil {
+		b.Fatal(err)
+	}
+	consumer.Handle(c, h)
+	return c, q
+}
+
 // runUntilDrained runs c until q is empty and returns how long it took.
 func runUntilDrained(b *testing.B, c *consumer.Consumer, q *outboxmemory.Queue) time.Duration {
 	ctx, stop := context.WithCancel(context.Background())
@@ -175,19 +182,7 @@ func BenchmarkConsumerHandlerCost(b *testing.B) {
 		b.Fatal(err)
 	}
 	measure := func(name string, h consumer.Handler[order]) float64 {
-		q := outboxmemory.New(nil)
-		msgs := make([]outbox.Message, n)
-		for i := range msgs {
-			msgs[i], _ = outbox.New(order{int64(i), 42}).Encode()
-		}
-		if err := q.Send(ctx, msgs); err != nil {
-			b.Fatal(err)
-		}
-		c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.deadLetters(b), Concurrency: 32, BatchSize: 32})
-		if err != nil {
-			b.Fatal(err)
-		}
-		consumer.Handle(c, h)
+		c, q := queuedConsumer(b, o, name, n, 32, h)
 		elapsed := runUntilDrained(b, c, q)
 		if _, err := o.pool.Exec(ctx, "TRUNCATE "+effects); err != nil {
 			b.Fatal(err)
