@@ -45,6 +45,7 @@ var imports = map[string]string{
 	"outboxnats":    "github.com/txoutbox/outbox/transports/nats",
 	"outboxazqueue": "github.com/txoutbox/outbox/transports/azqueue",
 	"outboxkafka":   "github.com/txoutbox/outbox/transports/kafka",
+	"kgo":           "github.com/twmb/franz-go/pkg/kgo",
 	"nats":          "github.com/nats-io/nats.go",
 	"jetstream":     "github.com/nats-io/nats.go/jetstream",
 	"otel":          "go.opentelemetry.io/otel",
