@@ -83,6 +83,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/internal/backoff"
+	"github.com/txoutbox/outbox/internal/config"
 	"github.com/txoutbox/outbox/internal/telemetry"
 )
 
@@ -175,26 +176,19 @@ func (c *Config) WithDefaults() *Config {
 		out = *c
 		out.Middleware = slices.Clone(c.Middleware)
 	}
-	setDefault(&out.Concurrency, 10)
-	setDefault(&out.BatchSize, 10)
-	setDefault(&out.MaxAttempts, 10)
-	setDefault(&out.RetryBackoff, time.Second)
-	setDefault(&out.MaxRetryBackoff, 5*time.Minute)
-	setDefault(&out.ShutdownTimeout, 30*time.Second)
-	setDefault(&out.AckTimeout, 5*time.Second)
-	setDefault(&out.UnavailableBackoff, 100*time.Millisecond)
-	setDefault(&out.MaxUnavailableBackoff, 10*time.Second)
+	config.Default(&out.Concurrency, 10)
+	config.Default(&out.BatchSize, 10)
+	config.Default(&out.MaxAttempts, 10)
+	config.Default(&out.RetryBackoff, time.Second)
+	config.Default(&out.MaxRetryBackoff, 5*time.Minute)
+	config.Default(&out.ShutdownTimeout, 30*time.Second)
+	config.Default(&out.AckTimeout, 5*time.Second)
+	config.Default(&out.UnavailableBackoff, 100*time.Millisecond)
+	config.Default(&out.MaxUnavailableBackoff, 10*time.Second)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
 	return &out
-}
-
-func setDefault[T comparable](field *T, def T) {
-	var zero T
-	if *field == zero {
-		*field = def
-	}
 }
 
 // validate checks a config with defaults applied and returns every problem at once.

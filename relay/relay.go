@@ -16,6 +16,7 @@ import (
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/internal/availability"
 	"github.com/txoutbox/outbox/internal/backoff"
+	"github.com/txoutbox/outbox/internal/config"
 	"github.com/txoutbox/outbox/outboxdriver"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -125,28 +126,21 @@ func (c *Config) WithDefaults() *Config {
 		host, _ := os.Hostname()
 		out.Name = fmt.Sprintf("%s:%d:%04x", host, os.Getpid(), rand.IntN(1<<16))
 	}
-	setDefault(&out.BatchSize, 500)
-	setDefault(&out.MaxAttempts, 10)
-	setDefault(&out.Lease, 30*time.Second)
-	setDefault(&out.SendTimeout, out.Lease/3)
-	setDefault(&out.MinPollInterval, time.Millisecond)
-	setDefault(&out.MaxPollInterval, 100*time.Millisecond)
-	setDefault(&out.RetryBackoff, time.Second)
-	setDefault(&out.MaxRetryBackoff, 5*time.Minute)
-	setDefault(&out.UnavailableBackoff, 100*time.Millisecond)
-	setDefault(&out.MaxUnavailableBackoff, 10*time.Second)
-	setDefault(&out.Concurrency, 2)
+	config.Default(&out.BatchSize, 500)
+	config.Default(&out.MaxAttempts, 10)
+	config.Default(&out.Lease, 30*time.Second)
+	config.Default(&out.SendTimeout, out.Lease/3)
+	config.Default(&out.MinPollInterval, time.Millisecond)
+	config.Default(&out.MaxPollInterval, 100*time.Millisecond)
+	config.Default(&out.RetryBackoff, time.Second)
+	config.Default(&out.MaxRetryBackoff, 5*time.Minute)
+	config.Default(&out.UnavailableBackoff, 100*time.Millisecond)
+	config.Default(&out.MaxUnavailableBackoff, 10*time.Second)
+	config.Default(&out.Concurrency, 2)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
 	return &out
-}
-
-func setDefault[T comparable](field *T, def T) {
-	var zero T
-	if *field == zero {
-		*field = def
-	}
 }
 
 // validate checks a config with defaults applied and returns every problem at once.

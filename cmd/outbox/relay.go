@@ -102,7 +102,7 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	relay, err := relay.New(store, t.sender, &relay.Config{
+	rl, err := relay.New(store, t.sender, &relay.Config{
 		Name: *name, BatchSize: *batch, MaxAttempts: *attempts, Lease: *lease, Concurrency: *concurrency,
 		Logger: log, MeterProvider: meters,
 	})
@@ -113,14 +113,14 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	var done atomic.Bool // Run returned
 	var srv *httpServer
 	if ln != nil {
-		p := probes{state: relay.State, done: done.Load}
+		p := probes{state: rl.State, done: done.Load}
 		srv = serveHTTP(ln, tlsConfig, relayHandler(newGuard(&lf, creds), registry, p),
 			&http.Server{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, log)
 		log.Info("serving /healthz, /readyz and /metrics", "addr", srv.url, "auth", creds.describe())
 	}
 
 	log.Info("relay started", "outbox", s.names.Outbox, "database", s.shown, "transport", t.shown)
-	err = relay.Run(ctx)
+	err = rl.Run(ctx)
 	done.Store(true)
 	if srv != nil {
 		_ = srv.stop(ctx)

@@ -117,7 +117,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	relay, err := relay.New(store, broker, nil)
+	r, err := relay.New(store, broker, nil)
 	if err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	consumer.Handle(worker, outboxpgx.Idempotent(box, pool, report))
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
-	go func() { done <- relay.Run(runCtx) }()
+	go func() { done <- r.Run(runCtx) }()
 	go func() { done <- worker.Run(runCtx) }()
 	defer func() { stop(); <-done; <-done }()
 
@@ -153,7 +153,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 			return err
 		}
 	}
-	relay.Wake()
+	r.Wake()
 	fmt.Fprintln(stdout, "issued inv-1 (EUR), inv-2 (JPY) and inv-3 (a negative amount)")
 
 	// "What failed in the last day, and why": the pending dead letters of that window.
@@ -192,7 +192,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err := dead.Replay(ctx, jpy.ID); err != nil {
 		return err
 	}
-	relay.Wake()
+	r.Wake()
 	err = waitFor(ctx, "inv-2 in the report", func() (bool, error) {
 		lines, err = reportLines(ctx, pool)
 		return strings.Contains(lines, "inv-2"), err

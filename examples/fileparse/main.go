@@ -139,7 +139,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	relay, err := relay.New(store, sender, nil)
+	rl, err := relay.New(store, sender, nil)
 	if err != nil {
 		return err
 	}
@@ -193,7 +193,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
-	go func() { done <- relay.Run(runCtx) }()
+	go func() { done <- rl.Run(runCtx) }()
 	go func() { done <- worker.Run(runCtx) }()
 	defer func() { stop(); <-done; <-done }()
 
@@ -224,7 +224,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 		case err != nil:
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		default:
-			relay.Wake() // same process: send now rather than at the next poll
+			rl.Wake() // same process: send now rather than at the next poll
 			w.WriteHeader(http.StatusAccepted)
 			io.WriteString(w, task.ID)
 		}

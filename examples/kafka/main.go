@@ -28,7 +28,8 @@ import (
 	"sync"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -74,7 +75,10 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	db, dialect, cleanup, err := open(kind, dsn)
+	// A database of the run's own (a temporary SQLite file, or a schema created on the
+	// PostgreSQL server) and a topic of its own, all removed at the end, so the demo never
+	// meets an earlier run. In the database the outbox has its default table names.
+	db, box, cleanup, err := open(ctx, kind, dsn)
 	if err != nil {
 		return err
 	}
@@ -90,36 +94,29 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	}
 	fmt.Fprintf(w, "txoutbox + Kafka: %s outbox → relay → %s → 2 shipping workers\n", kind, where)
 
-	// A private topic and private tables per run, so the demo never meets an earlier one.
-	name := "kafka_example_" + suffix()
 	producer, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ProducerLinger(0))
 	if err != nil {
 		return err
 	}
 	defer producer.Close()
-	topic := strings.ReplaceAll(name, "_", "-")
+	topic := "kafka-example-" + suffix()
 	admin := kadm.NewClient(producer)
 	if _, err := admin.CreateTopic(ctx, partitions, -1, nil, topic); err != nil {
 		return fmt.Errorf("creating topic %s: %w", topic, err)
 	}
 	defer func() { _, _ = admin.DeleteTopics(context.Background(), topic) }()
 
-	box, err := outboxsql.New(dialect, outbox.Tables{Outbox: name + "_outbox"})
-	if err != nil {
-		return err
-	}
 	if err := box.Migrate(ctx, db); err != nil {
 		return err
 	}
-	defer dropAll(db, dialect, name)
-	orders, shipments, q := name+"_orders", name+"_shipments", placeholders(dialect)
+	// The shop's own tables. PostgreSQL and SQLite both take $1, $2… placeholders.
 	serial := "INTEGER PRIMARY KEY AUTOINCREMENT"
-	if dialect == outboxsql.Postgres {
+	if box == outboxsql.Postgres {
 		serial = "BIGSERIAL PRIMARY KEY"
 	}
 	for _, ddl := range []string{
-		"CREATE TABLE " + orders + " (id VARCHAR(16) PRIMARY KEY, customer VARCHAR(16) NOT NULL)",
-		"CREATE TABLE " + shipments + " (seq " + serial + ", order_id VARCHAR(16) NOT NULL, customer VARCHAR(16) NOT NULL)",
+		"CREATE TABLE orders (id VARCHAR(16) PRIMARY KEY, customer VARCHAR(16) NOT NULL)",
+		"CREATE TABLE shipments (seq " + serial + ", order_id VARCHAR(16) NOT NULL, customer VARCHAR(16) NOT NULL)",
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			return err
@@ -135,7 +132,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	if err != nil {
 		return err
 	}
-	relay, err := relay.New(store, sender, nil)
+	r, err := relay.New(store, sender, nil)
 	if err != nil {
 		return err
 	}
@@ -143,7 +140,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	// in one transaction with its inbox row, so a redelivered event ships nothing twice.
 	// bob's first order, o-02, fails once, as if the label printer jammed.
 	ship := outboxsql.Idempotent(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[OrderPlaced]) error {
-		_, err := tx.ExecContext(ctx, q("INSERT INTO "+shipments+" (order_id, customer) VALUES (?, ?)"), e.Payload.OrderID, e.Payload.Customer)
+		_, err := tx.ExecContext(ctx, "INSERT INTO shipments (order_id, customer) VALUES ($1, $2)", e.Payload.OrderID, e.Payload.Customer)
 		return err
 	})
 	dead, err := box.NewDeadLetters(db)
@@ -175,7 +172,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 			_ = receiver.Close()
 		})
 	}
-	running.Go(func() { errs <- relay.Run(runCtx) })
+	running.Go(func() { errs <- r.Run(runCtx) })
 
 	// place writes an order and its event in one transaction, which commits or not.
 	place := func(id, customer string, commit bool) error {
@@ -184,7 +181,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 			return err
 		}
 		defer tx.Rollback()
-		if _, err := tx.ExecContext(ctx, q("INSERT INTO "+orders+" (id, customer) VALUES (?, ?)"), id, customer); err != nil {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, customer) VALUES ($1, $2)", id, customer); err != nil {
 			return err
 		}
 		if err := box.Publish(ctx, tx, outbox.New(OrderPlaced{OrderID: id, Customer: customer}, outbox.WithKey(customer))); err != nil {
@@ -196,7 +193,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 		if err := tx.Commit(); err != nil {
 			return err
 		}
-		relay.Wake()
+		r.Wake()
 		return nil
 	}
 	const placed = 12
@@ -212,12 +209,12 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 
 	count := func(query string, args ...any) int {
 		var n int
-		if err := db.QueryRowContext(ctx, q(query), args...).Scan(&n); err != nil {
+		if err := db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
 			log.Fatal(err)
 		}
 		return n
 	}
-	for deadline := time.Now().Add(time.Minute); count("SELECT count(*) FROM "+shipments) < placed; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); count("SELECT count(*) FROM shipments") < placed; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			return errors.New("timed out waiting for the orders to ship")
 		}
@@ -236,7 +233,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	fmt.Fprintln(w, "each customer's orders shipped in the order they were placed:")
 	ok := true
 	for _, c := range customers {
-		rows, err := db.QueryContext(ctx, q("SELECT order_id FROM "+shipments+" WHERE customer = ? ORDER BY seq"), c)
+		rows, err := db.QueryContext(ctx, "SELECT order_id FROM shipments WHERE customer = $1 ORDER BY seq", c)
 		if err != nil {
 			return err
 		}
@@ -258,7 +255,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	if err != nil {
 		return err
 	}
-	rolledBack := count("SELECT count(*) FROM "+shipments+" WHERE order_id = ?", "o-13")
+	rolledBack := count("SELECT count(*) FROM shipments WHERE order_id = $1", "o-13")
 	fmt.Fprintf(w, "o-13 shipped %d times; dead letters: %d\n", rolledBack, len(pending))
 	stop()
 	running.Wait()
@@ -310,8 +307,11 @@ func suffix() string {
 	return hex.EncodeToString(b)
 }
 
-// open connects to the chosen database and returns its dialect (outboxsql.SQLite…).
-func open(kind, dsn string) (*sql.DB, *outboxsql.Outbox, func(), error) {
+// open connects to a database of the run's own and returns it, the outbox of its dialect at
+// the default table names, and the clean-up that removes the database: a temporary SQLite
+// file (or the file dsn names, which stays), or a schema created on the PostgreSQL server
+// dsn names.
+func open(ctx context.Context, kind, dsn string) (*sql.DB, *outboxsql.Outbox, func(), error) {
 	nothing := func() {}
 	switch kind {
 	case "sqlite":
@@ -334,40 +334,18 @@ func open(kind, dsn string) (*sql.DB, *outboxsql.Outbox, func(), error) {
 		if dsn == "" {
 			dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 		}
-		db, err := sql.Open("pgx", dsn)
-		return db, outboxsql.Postgres, func() { db.Close() }, err
+		pc, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			return nil, nil, nothing, err
+		}
+		schema := "txoutbox_kafka_" + suffix()
+		pc.RuntimeParams["search_path"] = schema // the run's schema, where unqualified names go
+		db := stdlib.OpenDB(*pc)
+		if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+			db.Close()
+			return nil, nil, nothing, err
+		}
+		return db, outboxsql.Postgres, func() { _, _ = db.Exec("DROP SCHEMA " + schema + " CASCADE"); db.Close() }, nil
 	}
 	return nil, nil, nothing, fmt.Errorf("-db %q: want sqlite or postgres", kind)
-}
-
-// placeholders returns a function that turns "?" placeholders into the dialect's.
-func placeholders(d *outboxsql.Outbox) func(string) string {
-	if d != outboxsql.Postgres {
-		return func(s string) string { return s }
-	}
-	return func(s string) string {
-		var b strings.Builder
-		n := 0
-		for _, r := range s {
-			if r == '?' {
-				n++
-				b.WriteString("$" + strconv.Itoa(n))
-				continue
-			}
-			b.WriteRune(r)
-		}
-		return b.String()
-	}
-}
-
-// dropAll removes the example's tables from a server database (an embedded file is
-// deleted whole).
-func dropAll(db *sql.DB, d *outboxsql.Outbox, name string) {
-	if d == outboxsql.SQLite {
-		return
-	}
-	for _, t := range []string{"orders", "shipments", "outbox", "outbox_dead_letters", "outbox_inbox", "outbox_migrations", "outbox_claim_lock"} {
-		_, _ = db.Exec("DROP TABLE IF EXISTS " + name + "_" + t)
-	}
-	_, _ = db.Exec("DROP FUNCTION IF EXISTS " + name + "_outbox_claim, " + name + "_outbox_complete")
 }

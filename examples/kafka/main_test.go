@@ -23,7 +23,7 @@ func TestREADME(t *testing.T) {
 	}
 
 	t.Run("postgres", func(t *testing.T) {
-		db, _, cleanup, err := open("postgres", "")
+		db, _, cleanup, err := open(context.Background(), "postgres", "")
 		if err == nil {
 			err = db.PingContext(context.Background())
 		}

@@ -165,7 +165,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	}
 
 	queue := outboxmemory.New(&outboxmemory.Config{Name: "orders"})
-	relay, err := relay.New(store, queue, &relay.Config{OnDeadLetter: page})
+	rl, err := relay.New(store, queue, &relay.Config{OnDeadLetter: page})
 	if err != nil {
 		return err
 	}
@@ -208,7 +208,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 			http.Error(rw, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		relay.Wake()
+		rl.Wake()
 		rw.WriteHeader(http.StatusCreated)
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -217,7 +217,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 
 	bg, stopBg := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = relay.Run(bg) })
+	wg.Go(func() { _ = rl.Run(bg) })
 	wg.Go(func() { _ = c.Run(bg) })
 	defer func() { stopBg(); wg.Wait() }()
 

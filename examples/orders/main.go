@@ -106,7 +106,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	relay, err := relay.New(store, sender, nil)
+	r, err := relay.New(store, sender, nil)
 	if err != nil {
 		return err
 	}
@@ -146,7 +146,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	})
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
-	go func() { done <- relay.Run(runCtx) }()
+	go func() { done <- r.Run(runCtx) }()
 	go func() { done <- loyalty.Run(runCtx) }()
 	defer func() { stop(); <-done; <-done }()
 
@@ -158,7 +158,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 			if err := changeStatus(ctx, db, box, o, status); err != nil {
 				return err
 			}
-			relay.Wake() // same process: deliver now rather than at the next poll
+			r.Wake() // same process: deliver now rather than at the next poll
 		}
 		fmt.Fprintf(stdout, "  %-9s o-1, o-2, o-3\n", status)
 	}

@@ -16,14 +16,14 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
 	"github.com/txoutbox/outbox"
@@ -58,28 +58,27 @@ func run(w io.Writer, kind, dsn string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	db, dialect, cleanup, err := open(kind, dsn)
+	// A database of the demo's own — a temporary SQLite file, or a schema (PostgreSQL) or
+	// database (MySQL) created for this run — removed at the end, so the demo never meets
+	// rows of an earlier run and leaves nothing behind. In it, the outbox has its default
+	// table names, and the task table is the application's own.
+	db, box, cleanup, err := open(ctx, kind, dsn)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
 	fmt.Fprintf(w, "txoutbox quickstart: %s + in-memory transport\n", kind)
-
-	// A private table name per run, so the demo never meets rows of an earlier one.
-	name := fmt.Sprintf("quickstart_%d", time.Now().UnixNano()%1e9)
-	box, err := outboxsql.New(dialect, outbox.Tables{Outbox: name + "_outbox"})
-	if err != nil {
-		return err
-	}
 	if err := box.Migrate(ctx, db); err != nil {
 		return err
 	}
-	tasks := name + "_tasks"
-	q := placeholders(dialect)
-	if _, err := db.ExecContext(ctx, "CREATE TABLE "+tasks+" (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, parses INTEGER NOT NULL)"); err != nil {
+	if _, err := db.ExecContext(ctx, "CREATE TABLE tasks (id VARCHAR(64) PRIMARY KEY, status VARCHAR(16) NOT NULL, parses INTEGER NOT NULL)"); err != nil {
 		return err
 	}
-	defer dropAll(db, dialect, name)
+	// The task SQL's one placeholder: PostgreSQL's and SQLite's $1, MySQL's ?.
+	param := "$1"
+	if box == outboxsql.MySQL {
+		param = "?"
+	}
 
 	// The relay: committed events from the outbox to the broker.
 	broker := outboxmemory.New(&outboxmemory.Config{VisibilityTimeout: time.Second})
@@ -87,7 +86,7 @@ func run(w io.Writer, kind, dsn string) error {
 	if err != nil {
 		return err
 	}
-	relay, err := relay.New(store, broker, nil)
+	r, err := relay.New(store, broker, nil)
 	if err != nil {
 		return err
 	}
@@ -102,12 +101,12 @@ func run(w io.Writer, kind, dsn string) error {
 		return err
 	}
 	consumer.Handle(worker, outboxsql.Idempotent(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[ParseRequested]) error {
-		_, err := tx.ExecContext(ctx, q("UPDATE "+tasks+" SET status = 'done', parses = parses + 1 WHERE id = ?"), e.Payload.TaskID)
+		_, err := tx.ExecContext(ctx, "UPDATE tasks SET status = 'done', parses = parses + 1 WHERE id = "+param, e.Payload.TaskID)
 		return err
 	}))
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
-	go func() { done <- relay.Run(runCtx) }()
+	go func() { done <- r.Run(runCtx) }()
 	go func() { done <- worker.Run(runCtx) }()
 	defer func() { stop(); <-done; <-done }()
 
@@ -119,7 +118,7 @@ func run(w io.Writer, kind, dsn string) error {
 			return e, err
 		}
 		defer tx.Rollback()
-		if _, err := tx.ExecContext(ctx, q("INSERT INTO "+tasks+" (id, status, parses) VALUES (?, 'pending', 0)"), taskID); err != nil {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO tasks (id, status, parses) VALUES ("+param+", 'pending', 0)", taskID); err != nil {
 			return e, err
 		}
 		if err := box.Publish(ctx, tx, e); err != nil {
@@ -131,11 +130,11 @@ func run(w io.Writer, kind, dsn string) error {
 		if err := tx.Commit(); err != nil {
 			return e, err
 		}
-		relay.Wake() // same process: no need to wait for the next poll
+		r.Wake() // same process: no need to wait for the next poll
 		return e, nil
 	}
 	task := func(id string) (status string, parses int) {
-		err := db.QueryRowContext(ctx, q("SELECT status, parses FROM "+tasks+" WHERE id = ?"), id).Scan(&status, &parses)
+		err := db.QueryRowContext(ctx, "SELECT status, parses FROM tasks WHERE id = "+param, id).Scan(&status, &parses)
 		if errors.Is(err, sql.ErrNoRows) {
 			return "absent", 0
 		}
@@ -197,9 +196,13 @@ func run(w io.Writer, kind, dsn string) error {
 	return nil
 }
 
-// open connects to the chosen database and returns its dialect (outboxsql.SQLite…).
-func open(kind, dsn string) (*sql.DB, *outboxsql.Outbox, func(), error) {
+// open connects to a database of the run's own and returns it, the outbox of its dialect at
+// the default table names, and the clean-up that removes the database: a temporary SQLite
+// file (or the file dsn names, which stays), or a schema (PostgreSQL) or database (MySQL)
+// created on the server dsn names.
+func open(ctx context.Context, kind, dsn string) (*sql.DB, *outboxsql.Outbox, func(), error) {
 	nothing := func() {}
+	name := fmt.Sprintf("txoutbox_quickstart_%08x", rand.Uint32())
 	switch kind {
 	case "sqlite":
 		dir := ""
@@ -215,17 +218,34 @@ func open(kind, dsn string) (*sql.DB, *outboxsql.Outbox, func(), error) {
 		db, err := sql.Open("sqlite", dsn)
 		return db, outboxsql.SQLite, func() { db.Close(); removeDir(dir) }, err
 	case "postgres":
-		if dsn == "" {
-			dsn = envOr("TXOUTBOX_PG_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+		pc, err := pgx.ParseConfig(envOr(dsn, "TXOUTBOX_PG_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+		if err != nil {
+			return nil, nil, nothing, err
 		}
-		db, err := sql.Open("pgx", dsn)
-		return db, outboxsql.Postgres, func() { db.Close() }, err
+		pc.RuntimeParams["search_path"] = name // the run's schema, where unqualified names go
+		db := stdlib.OpenDB(*pc)
+		if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
+			db.Close()
+			return nil, nil, nothing, err
+		}
+		return db, outboxsql.Postgres, func() { _, _ = db.Exec("DROP SCHEMA " + name + " CASCADE"); db.Close() }, nil
 	case "mysql":
-		if dsn == "" {
-			dsn = envOr("TXOUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true&multiStatements=true")
+		mc, err := mysql.ParseDSN(envOr(dsn, "TXOUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true&multiStatements=true"))
+		if err != nil {
+			return nil, nil, nothing, err
 		}
-		db, err := sql.Open("mysql", dsn)
-		return db, outboxsql.MySQL, func() { db.Close() }, err
+		mc.DBName = ""
+		server, err := sql.Open("mysql", mc.FormatDSN())
+		if err != nil {
+			return nil, nil, nothing, err
+		}
+		if _, err := server.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+			server.Close()
+			return nil, nil, nothing, err
+		}
+		mc.DBName = name
+		db, err := sql.Open("mysql", mc.FormatDSN())
+		return db, outboxsql.MySQL, func() { db.Close(); _, _ = server.Exec("DROP DATABASE " + name); server.Close() }, err
 	}
 	return nil, nil, nothing, fmt.Errorf("-db %q: want sqlite, postgres or mysql", kind)
 }
@@ -236,43 +256,13 @@ func removeDir(dir string) {
 	}
 }
 
-func envOr(name, def string) string {
+// envOr returns value, or else the environment variable name, or else def.
+func envOr(value, name, def string) string {
+	if value != "" {
+		return value
+	}
 	if v := os.Getenv(name); v != "" {
 		return v
 	}
 	return def
-}
-
-// placeholders returns a function that turns "?" placeholders into the dialect's.
-func placeholders(d *outboxsql.Outbox) func(string) string {
-	if d != outboxsql.Postgres {
-		return func(s string) string { return s }
-	}
-	return func(s string) string {
-		var b strings.Builder
-		n := 0
-		for _, r := range s {
-			if r == '?' {
-				n++
-				b.WriteString("$" + strconv.Itoa(n))
-				continue
-			}
-			b.WriteRune(r)
-		}
-		return b.String()
-	}
-}
-
-// dropAll removes the demo's tables from a server database (an embedded file is deleted
-// whole).
-func dropAll(db *sql.DB, d *outboxsql.Outbox, name string) {
-	if d == outboxsql.SQLite {
-		return
-	}
-	for _, t := range []string{"tasks", "outbox", "outbox_dead_letters", "outbox_inbox", "outbox_migrations", "outbox_claim_lock"} {
-		_, _ = db.Exec("DROP TABLE IF EXISTS " + name + "_" + t)
-	}
-	if d == outboxsql.Postgres {
-		_, _ = db.Exec("DROP FUNCTION IF EXISTS " + name + "_outbox_claim, " + name + "_outbox_complete")
-	}
 }

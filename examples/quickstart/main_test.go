@@ -26,7 +26,7 @@ func TestPrintsWhatTheREADMESays(t *testing.T) {
 	}
 	for _, kind := range []string{"postgres", "mysql"} {
 		t.Run(kind, func(t *testing.T) {
-			db, _, cleanup, err := open(kind, "")
+			db, _, cleanup, err := open(context.Background(), kind, "")
 			if err == nil {
 				err = db.PingContext(context.Background())
 			}
