@@ -2,7 +2,9 @@
 // typed events ([Event], [New] and its options), the messages they are encoded to and their
 // codecs, the errors callers branch on ([Permanent], [Unavailable], [ErrSchema]…), the names
 // of an outbox's tables ([Tables]), and the contracts of transports ([Sender], [Receiver],
-// [Delivery]).
+// [Delivery]). Application developers use all of it; authors of transports implement its
+// contracts (and the optional [Pinger] and [Describer]); authors of stores start at package
+// outboxdriver.
 //
 // An application writes events into an outbox table inside its own database transaction,
 // through the adapter for the driver it already uses (outboxpgx, outboxgorm, outboxbun,

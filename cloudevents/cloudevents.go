@@ -3,7 +3,9 @@
 // JSON mode for brokers without them. Every transport encodes and decodes through here, so a
 // consumer in any language reads our messages with its own CloudEvents SDK, a transport
 // written outside this repository speaks the same format by importing it, and events
-// written by any CloudEvents producer reach txoutbox consumers.
+// written by any CloudEvents producer reach txoutbox consumers. It is for authors of
+// transports, and for readers of our messages in other languages; applications never call
+// it.
 //
 // # Writing
 //

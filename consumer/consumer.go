@@ -1,7 +1,8 @@
 // Package consumer runs typed handlers for events received from a broker: decode, dispatch by
 // event type, retry through the broker's own redelivery with backoff, and dead-letter what
 // cannot be handled — after MaxAttempts, at once for [outbox.Permanent] errors, undecodable
-// bodies and unknown event types — so a poison message never blocks the others.
+// bodies and unknown event types — so a poison message never blocks the others. It is for
+// application developers: the receiving side of a service.
 //
 // Delivery is at least once. For effects that happen exactly once, wrap handlers with an
 // adapter's Idempotent (outboxpgx.Idempotent…): it records the event ID in the inbox table in

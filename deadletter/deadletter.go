@@ -2,7 +2,9 @@
 // that could not be delivered (stage "relay") or handled (stage "consumer"), with the reason,
 // the attempt count and when they failed. People list them, look at one, replay it — back
 // through the outbox, in one transaction with the status change — or discard it (the row is
-// kept for audit).
+// kept for audit). It is for application developers (the [Notice], [Kind] and [Stage] an
+// OnDeadLetter hook receives; the [Table] an adapter's NewDeadLetters returns) and for
+// operators' tools (the `outbox dead-letters` command and the console use it).
 //
 // Each SQL adapter opens the table of its outbox: outboxpgx.Default.NewDeadLetters(pool),
 // outboxsql.Postgres.NewDeadLetters(db)…; they all return a [Table].

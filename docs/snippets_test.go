@@ -45,6 +45,9 @@ var imports = map[string]string{
 	"outboxnats":    "github.com/txoutbox/outbox/transports/nats",
 	"outboxazqueue": "github.com/txoutbox/outbox/transports/azqueue",
 	"outboxkafka":   "github.com/txoutbox/outbox/transports/kafka",
+	"kgo":           "github.com/twmb/franz-go/pkg/kgo",
+	"nats":          "github.com/nats-io/nats.go",
+	"jetstream":     "github.com/nats-io/nats.go/jetstream",
 	"otel":          "go.opentelemetry.io/otel",
 	"propagation":   "go.opentelemetry.io/otel/propagation",
 	"sdktrace":      "go.opentelemetry.io/otel/sdk/trace",
@@ -57,7 +60,7 @@ var imports = map[string]string{
 func pages(t *testing.T) []string {
 	t.Helper()
 	var out []string
-	for _, pattern := range []string{"../README.md", "*.md", "../examples/*/README.md", "../transports/*/README.md", "../adapters/*/README.md"} {
+	for _, pattern := range []string{"../README.md", "*.md", "transports/*.md", "../examples/*/README.md", "../transports/*/README.md", "../adapters/*/README.md"} {
 		m, err := filepath.Glob(pattern)
 		if err != nil {
 			t.Fatal(err)

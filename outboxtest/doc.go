@@ -1,7 +1,8 @@
 // Package outboxtest holds txoutbox's exported conformance suites, which every adapter and
 // every transport runs against its real database or broker: [ExerciseStore] for relay stores
 // and [ExerciseTransport] for senders and receivers. Third-party adapters and transports can
-// run them too.
+// run them too. It is for authors of stores and transports (the suites) and for test authors
+// (RequireService, SkipIfShort, WaitFor and the fixtures).
 package outboxtest
 
 import (

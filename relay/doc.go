@@ -3,7 +3,9 @@
 // transport's [outbox.Sender] with the event's ID as the broker's dedup ID, keeps each key's
 // order, retries a message's own failures with backoff and moves what cannot be delivered
 // to the dead-letter table, pauses without spending attempts while the broker or the
-// database is unavailable, and traces and measures all of it with OpenTelemetry.
+// database is unavailable, and traces and measures all of it with OpenTelemetry. It is for
+// application developers, who run a relay inside their service; operators can run the same
+// as `outbox relay`.
 //
 // It is for applications that run a relay in their own process:
 //

@@ -2,7 +2,7 @@
 // bun.Tx (db.RunInTx or BeginTx), on the transaction's own connection, with no second
 // connection and no extra commit; NewStore gives the relay its leased claims over a *bun.DB;
 // and Idempotent runs a consumer's handler in a bun transaction that also records the event
-// in the inbox.
+// in the inbox. It is for application developers on bun.
 //
 // Every verb goes through an [Outbox]: [Default] for the default table names, or one from
 // [New] for others.

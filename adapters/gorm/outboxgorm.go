@@ -2,7 +2,7 @@
 // caller's GORM transaction (db.Transaction or Begin), on the transaction's own connection,
 // with no second connection and no extra commit; NewStore gives the relay its leased claims
 // over the *gorm.DB's pool; and Idempotent runs a consumer's handler in a GORM transaction
-// that also records the event in the inbox.
+// that also records the event in the inbox. It is for application developers on GORM.
 //
 // Every verb goes through an [Outbox]: [Default] for the default table names, or one from
 // [New] for others.

@@ -1,7 +1,8 @@
 // Package outboxpgx stores txoutbox events in PostgreSQL through pgx v5: Publish writes them
 // in the caller's pgx transaction (one round trip for one event, COPY for many), NewStore
 // gives the relay its leased claims over a pgxpool.Pool, and Idempotent runs a consumer's
-// handler in a transaction that also records the event in the inbox.
+// handler in a transaction that also records the event in the inbox. It is for application
+// developers on pgx.
 //
 // Every verb goes through an [Outbox]: [Default] for the default table names, or one from
 // [New] for others.

@@ -1,7 +1,8 @@
 // Package outboxsql stores txoutbox events through database/sql, for applications on sqlx,
 // sqlc, ent or plain *sql.Tx: Publish writes events in the caller's transaction, NewStore
 // gives the relay its leased claims over a *sql.DB, and Idempotent runs a consumer's handler
-// in a transaction that also records the event in the inbox.
+// in a transaction that also records the event in the inbox. It is for application
+// developers on database/sql.
 //
 // Every verb goes through an [Outbox]. database/sql cannot tell which database a driver
 // speaks, so an Outbox carries its dialect, and the outboxes at the default table names

@@ -3,7 +3,8 @@
 // what is old, runs a standalone relay to any supported broker, and serves a small web
 // console. It speaks PostgreSQL, MySQL/MariaDB and SQLite, and is configured by flags and
 // the environment (OUTBOX_DATABASE_URL). Run "outbox help" for the commands, and see
-// README.md beside this file for a session.
+// README.md beside this file for a session. It is for operators: the people who run an
+// outbox, Go programmers or not.
 //
 // Exit codes: 0 success; 1 failure (the database or broker failed, or a bulk action
 // stopped); 2 usage (an unknown command, a bad flag or value, a missing setting); 3 not

@@ -1,5 +1,6 @@
 // Package readmetest checks documentation against code: that a program prints what its
-// README says it prints, and that the Go snippets of Markdown pages compile.
+// README says it prints, and that the Go snippets of Markdown pages compile. It is internal
+// to this repository's tests (docs/ and the examples).
 package readmetest
 
 import (

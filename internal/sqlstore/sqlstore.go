@@ -1,6 +1,7 @@
 // Package sqlstore holds the SQL behind every adapter: one dialect per database, written once
 // and shared by the pgx, GORM, bun and database/sql adapters, which only translate their
-// caller's connection or transaction into a [Querier].
+// caller's connection or transaction into a [Querier]. It is internal to this repository's
+// adapters; a store for another database implements package outboxdriver instead.
 //
 // Its files, by concern. Shared by every dialect: names.go (validated table names),
 // migrate.go and schema.go (migrations, their state, Validate), encode.go and scan.go (rows

@@ -114,7 +114,7 @@ var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
 // latencyBuckets reach further: an event may wait for a retry or a relay outage.
 var latencyBuckets = []float64{0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
 
-// Instruments are the metrics of the relay and the consumer (see the README's table).
+// Instruments are the metrics of the relay and the consumer (docs/observability.md lists them).
 type Instruments struct {
 	// Relay.
 	Sent         messagingconv.ClientSentMessages      // per message sent or failed (error.type)

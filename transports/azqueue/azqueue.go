@@ -1,6 +1,7 @@
 // Package outboxazqueue is the txoutbox transport for Azure Queue Storage, over the Azure SDK's
 // azqueue/v2 client. A [Sender] delivers the relay's messages, one queue message per event,
 // to a queue chosen by event type; a [Receiver] hands a consumer the messages of one queue.
+// It is for application developers whose broker is Azure Queue Storage.
 //
 // Azure Queue Storage has no message attributes, so each message is one CloudEvents 1.0
 // document in structured JSON mode (what the CloudEvents SDKs of other languages read),

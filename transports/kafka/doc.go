@@ -1,4 +1,5 @@
-// Package outboxkafka is the Apache Kafka transport of txoutbox, built on franz-go (kgo).
+// Package outboxkafka is the Apache Kafka transport of txoutbox, built on franz-go (kgo). It
+// is for application developers whose broker is Kafka.
 //
 // # Sending
 //

@@ -1,5 +1,6 @@
 // Package outboxnats is the NATS JetStream transport of txoutbox, built on nats.go's
-// jetstream package.
+// jetstream package. It is for application developers whose broker is NATS JetStream;
+// docs/transports/nats.md walks through the subject and stream set-up.
 //
 // A [Sender] publishes the relay's batches asynchronously, up to MaxPending at once, and
 // waits for every publish acknowledgement, so a message counts as delivered only once the

@@ -1,4 +1,5 @@
-// Package outboxrabbitmq is the RabbitMQ transport of txoutbox, built on amqp091-go (AMQP 0-9-1).
+// Package outboxrabbitmq is the RabbitMQ transport of txoutbox, built on amqp091-go (AMQP
+// 0-9-1). It is for application developers whose broker is RabbitMQ.
 //
 // A [Sender] publishes the relay's batches to an exchange with publisher confirms: every
 // message is persistent and mandatory, and counts as delivered only once the broker

@@ -3,7 +3,8 @@
 // with SendMessageBatch, routes each event type to its queue, and on FIFO queues uses the
 // event ID as MessageDeduplicationId and the event key as MessageGroupId. A [Receiver] is a
 // consumer's [outbox.Receiver]: long-polling ReceiveMessage, Ack = DeleteMessage,
-// Nack = ChangeMessageVisibility.
+// Nack = ChangeMessageVisibility. It is for application developers whose broker is Amazon
+// SQS.
 //
 // # Wire format
 //

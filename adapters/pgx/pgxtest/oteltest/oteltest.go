@@ -3,7 +3,7 @@
 // one trace from the request that published an event to the handler that processed it
 // (third-party transports can run it too). It lives in the outboxpgx module, which every
 // transport's tests require already, so that the core module keeps the OpenTelemetry API
-// only.
+// only. It is for authors of transports, in their tests.
 package oteltest
 
 import (
