@@ -10,18 +10,17 @@
 //
 // # Outages
 //
-// A failure that is not the message's fault never makes it a dead letter: a handler error
-// that [outbox.IsUnavailable] reports (a network error reaching the inbox database, an error
-// the adapters mark as the database's, or one a handler marks with [outbox.Unavailable]
-// because its own downstream is down), a dead-letter table that cannot be written, a held
-// key that cannot be looked up. The delivery is nacked, never acknowledged, to come back
-// after about UnavailableBackoff, and the consumer pauses as a whole: it stops receiving
-// and sends one message now and then as a probe, the pause doubling (with jitter) up to
-// MaxUnavailableBackoff while probes fail the same way. The first delivery that succeeds
-// resumes it. [Consumer.State] and OnStateChange say since when it is paused and why; the
-// txoutbox.consumer.messages counter counts such deliveries as outcome "unavailable";
-// the log says so once when it pauses, once a minute while it probes, once when it
-// resumes. Group commit (IdempotentGrouped) behaves the same.
+// A failure that is not the message's fault never makes it a dead letter: a handler error that
+// [outbox.IsUnavailable] reports (a network error reaching the inbox database, an error the
+// adapters mark as the database's, or one a handler marks with [outbox.Unavailable] because its
+// own downstream is down), a dead-letter table that cannot be written, a held key that cannot
+// be looked up. The delivery is nacked, never acknowledged, to come back after about
+// UnavailableBackoff, and the consumer pauses as a whole: it stops receiving and sends one
+// message now and then as a probe, the pause doubling (with jitter) up to MaxUnavailableBackoff
+// while probes fail the same way. The first delivery that succeeds resumes it. [Consumer.State]
+// and OnStateChange say since when it is paused and why; the txoutbox.consumer.messages counter
+// counts such deliveries as outcome "unavailable"; the log says so once when it pauses, once a
+// minute while it probes, once when it resumes. Idempotent's group commit behaves the same.
 //
 // The broker keeps counting deliveries meanwhile (SQS ApproximateReceiveCount, Azure
 // DequeueCount, JetStream's and RabbitMQ's delivery counts): a message the outage caught

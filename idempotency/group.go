@@ -4,17 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
 )
 
-// GroupConfig configures a [Group]. The zero value (or nil) means the defaults below.
+// GroupConfig configures a [Group], and so the adapters' Idempotent. The zero value (or nil)
+// means the defaults below.
 type GroupConfig struct {
 	// MaxEvents caps how many events share one transaction. Default 64. A batch can only
 	// hold events handled at the same time, so the consumer's Concurrency caps it too.
+	// 1 turns group commit off: every event is handled in a transaction of its own, exactly
+	// as [Once] does it, as many at once as the consumer handles (MaxTransactions does not
+	// apply). The default already runs slow handlers (a long query, a lock wait) side by
+	// side, in smaller batches (see MaxTransactions); 1 makes it so from the first event.
 	MaxEvents int
 	// MaxTransactions caps how many batches run at once, each in its own transaction on
 	// its own connection. Default 2: one batch fills while the other runs, which measured
@@ -25,7 +32,14 @@ type GroupConfig struct {
 	// COMMIT) are then shared by as many events as the others', where starting at once
 	// would spend them on the first few, often one (with Concurrency 32 on two cores: ~40 %
 	// more events/s, a third less CPU per event). An idle group starts a batch at once.
-	// SQLite has one writer: there, batches queue for it whatever this is.
+	// Left unset, the default is a floor, and the group sizes batches by time: a batch is
+	// worth starting once the events waiting would spend twice a transaction's own time
+	// (BEGIN, the keys' insert, COMMIT) in their handlers, which a batch runs one after
+	// another, and as many batches may run as the events in the group fill. Slow handlers
+	// then run side by side instead of queueing behind one another (a handler that takes
+	// twice a transaction's own time gets a transaction per event, as with Once); quick
+	// ones still share about 2 large batches. Set, it is a hard cap, and batches are sized
+	// by count alone. SQLite has one writer: there, batches queue for it whatever this is.
 	MaxTransactions int
 }
 
@@ -59,15 +73,21 @@ func (c *GroupConfig) validate() error {
 	return nil
 }
 
-// Group is [Once] with group commit: events handled at the same time share a transaction.
-// Its Handle records a batch of up to MaxEvents events in one statement, runs h for the new
-// ones one after another, and commits once; events that arrive meanwhile wait for the next
-// batch (at most MaxTransactions batches run at once). One commit for many events takes a
-// consumer past the database's commits per second (which bounds Once): use it when the
-// consumer handles many events at once (Concurrency 32 or more) and h is a few quick
-// statements. An event that arrives while a batch runs may wait for it to end, so that the
-// next batch is worth its transaction (see MaxTransactions). Because a batch's handlers run in sequence, a slow h (a long query, a lock
-// wait) delays every event of its batch: there, prefer Once.
+// Group is [Once] with group commit, and what the adapters' Idempotent runs: events handled
+// at the same time share a transaction. Its Handle records a batch of up to MaxEvents events
+// in one statement, runs h for the new ones one after another, and commits once; events that
+// arrive meanwhile wait for the next batch (at most MaxTransactions batches run at once). One
+// commit for many events takes a busy consumer past the database's commits per second, which
+// bounds Once: on PostgreSQL, a consumer of 32 events at once with a one-INSERT handler
+// handles more events per second with the inbox than the same handler without it, where Once
+// reaches about three quarters of that. An event handled alone — an idle group, a consumer
+// of one event at a time — is a batch of one, which is exactly Once. An event that arrives
+// while a batch runs may wait for it to end, so that the next batch is worth its transaction
+// (see MaxTransactions). A batch runs its handlers one after another, so a slow h (a long
+// query, a lock wait) delays every event of its batch: by default the group sizes batches by
+// the handlers' time, so slow handlers run side by side in small batches, down to one event
+// each. A MaxTransactions that is set caps the batches running at once, and a group then
+// handles at most about MaxTransactions events per duration of h. MaxEvents 1 is Once.
 //
 // The guarantee is Once's: h's effects commit exactly once per (consumer, event ID),
 // together with the key. The contract is Once's too — h writes only through tx — with one
@@ -95,18 +115,20 @@ type Group[TTx any, T outbox.Payload] struct {
 	h      TxHandler[TTx, T]
 	single func(ctx context.Context, e outbox.Event[T]) error // Once: one event, one transaction
 	max    int                                                // events per batch
-	maxTx  int                                                // batches running at once
+	maxTx  int                                                // batches running at once (see worthBatch)
+	adapt  bool                                               // MaxTransactions left to the group
 
 	// Leader/follower protocol, all under mu. A call appends its item to queue. At most one
 	// queued item is the designated leader (next), always the head of queue; it is designated
 	// when there is none and the queue is worth a batch (worth: no batch runs, or fewer than
-	// maxTx do and the queue holds at least their average size). A call that enqueues checks
-	// this, and leads at once when it is the head. A leader takes up to max items from the
-	// head of queue (its own first), runs them as one transaction without mu, and on
-	// finishing checks it again: an item enqueued meanwhile is therefore either taken, or
-	// designated, or waiting for a running batch to finish — never stranded. Invariant:
-	// queue is non-empty only while next is set or a batch runs. A waiting call whose ctx
-	// ends removes its item if not yet taken, passing the designation on if it had it.
+	// the limit do and the queue holds at least their average size, or a batch's fill; see
+	// worthBatch). A call that enqueues checks this, and leads at once when it is the head.
+	// A leader takes up to max items from the head of queue (its own first), runs them as
+	// one transaction without mu, and on finishing checks it again: an item enqueued
+	// meanwhile is therefore either taken, or designated, or waiting for a running batch to
+	// finish — never stranded. Invariant: queue is non-empty only while next is set or a
+	// batch runs. A waiting call whose ctx ends removes its item if not yet taken, passing
+	// the designation on if it had it.
 	//
 	// Per-key order needs no care here: consumer.Consumer runs at most one event per key at a
 	// time (its per-key queues in dispatch, whatever the transport), so no two batches, running
@@ -116,6 +138,9 @@ type Group[TTx any, T outbox.Payload] struct {
 	next    *groupItem[T]   // the designated leader of the next batch (queue[0]), or nil
 	running int             // batches taken and not finished
 	inBatch int             // events in those batches
+	// Moving averages, in seconds, of a handler call's time and of a committed transaction's
+	// time outside its handlers (BEGIN, the keys' insert, COMMIT): see fill.
+	handlerTime, ownTime float64
 }
 
 // NewGroup returns the group-commit handler of h over in; pass its Handle to
@@ -127,7 +152,8 @@ func NewGroup[TTx any, T outbox.Payload](in Inbox[TTx], h TxHandler[TTx, T], cfg
 	if err := c.validate(); err != nil {
 		panic(err)
 	}
-	return &Group[TTx, T]{in: in, h: h, single: Once(in, h), max: c.MaxEvents, maxTx: c.MaxTransactions}
+	return &Group[TTx, T]{in: in, h: h, single: Once(in, h), max: c.MaxEvents, maxTx: c.MaxTransactions,
+		adapt: cfg == nil || cfg.MaxTransactions == 0}
 }
 
 // Waiting returns how many calls wait for a batch (not yet taken into one): a gauge of how
@@ -166,6 +192,9 @@ const (
 
 // Handle handles e in the next batch (a consumer.Handler).
 func (g *Group[TTx, T]) Handle(ctx context.Context, e outbox.Event[T]) error {
+	if g.max == 1 { // group commit off
+		return g.single(ctx, e)
+	}
 	key, err := EventKey(ctx, e.ID)
 	if err != nil {
 		return err
@@ -210,10 +239,41 @@ func (g *Group[TTx, T]) withdraw(it *groupItem[T]) {
 }
 
 // worthBatch reports, under mu, whether the queue is worth a batch now: no batch runs, or
-// a transaction slot is free and the queue holds at least as many events as a running batch
-// does on average.
+// a transaction slot is free (see limit) and the queue holds at least as many events as a
+// running batch does on average, or as many as fill a batch's time (see fill).
 func (g *Group[TTx, T]) worthBatch() bool {
-	return len(g.queue) > 0 && (g.running == 0 || g.running < g.maxTx && len(g.queue)*g.running >= g.inBatch)
+	if len(g.queue) == 0 {
+		return false
+	}
+	if g.running == 0 {
+		return true
+	}
+	fill := g.fill()
+	limit := g.maxTx
+	if fill > 0 { // the group chooses: as many transactions as the events in it fill
+		limit = max(limit, int(math.Ceil(float64(len(g.queue)+g.inBatch)/fill)))
+	}
+	return g.running < limit && (len(g.queue)*g.running >= g.inBatch || fill > 0 && float64(len(g.queue)) >= fill)
+}
+
+// fill, under mu, is how many events fill a batch when the group chooses its transactions
+// (MaxTransactions unset): as many as spend twice a transaction's own time (BEGIN, the
+// keys' insert, COMMIT) in their handlers, at least 1; 0 otherwise, and until a transaction
+// committed. A batch runs its handlers one after another, so with slow handlers a few
+// large batches leave the events waiting on one another's handlers rather than on the
+// database: once that many events wait, they are worth a transaction of their own, and the
+// events in the group may run in as many transactions as they fill (MaxTransactions at
+// least). Quick handlers fill a batch with many events, and the group runs about
+// MaxTransactions large batches; a handler that takes twice a transaction's own time fills
+// it alone, and the group runs a transaction per event, as Once does.
+func (g *Group[TTx, T]) fill() float64 {
+	if !g.adapt || g.ownTime <= 0 {
+		return 0
+	}
+	if g.handlerTime <= 0 {
+		return float64(g.max)
+	}
+	return min(float64(g.max), max(1, 2*g.ownTime/g.handlerTime))
 }
 
 // designate, under mu, makes the head of queue the next leader if there is none yet and the
@@ -262,9 +322,9 @@ func (g *Group[TTx, T]) lead(me *groupItem[T]) error {
 	g.designate() // more than max queued: the rest may start in another transaction
 	g.mu.Unlock()
 
-	// Free the slot, designate, and release the followers on every way out: after a batch of
-	// one, and on a panic (of h in a batch of one, which then reaches the consumer's
-	// recover), so no call is ever left waiting.
+	// Free the slot, designate, and release the followers on every way out, a panic too (of
+	// h in a batch of one, which then reaches the consumer's recover), so no call is ever
+	// left waiting.
 	delivered := false
 	defer func() {
 		if !delivered {
@@ -276,10 +336,22 @@ func (g *Group[TTx, T]) lead(me *groupItem[T]) error {
 	}()
 	if len(batch) == 1 {
 		// Nothing to group: exactly Once, and its error is this event's own.
-		return g.single(me.ctx, me.e)
+		var inH time.Duration
+		calls := 0
+		start := time.Now()
+		err := Once(g.in, func(ctx context.Context, tx TTx, e outbox.Event[T]) error {
+			t := time.Now()
+			defer func() { inH, calls = inH+time.Since(t), calls+1 }()
+			return g.h(ctx, tx, e)
+		})(me.ctx, me.e)
+		delivered = true
+		g.finishTimed(n, err == nil, inH, calls, time.Since(start))
+		return err
 	}
-	err := g.runBatch(me.ctx, batch)
-	g.finish(n) // first, so the next batch starts while this one's calls return
+	start := time.Now()
+	inH, calls, err := g.runBatch(me.ctx, batch)
+	// First, so that the next batch starts while this one's calls return.
+	g.finishTimed(n, err == nil, inH, calls, time.Since(start))
 	s := sigCommitted
 	switch {
 	case err == nil:
@@ -306,8 +378,29 @@ func (g *Group[TTx, T]) lead(me *groupItem[T]) error {
 }
 
 // finish frees the transaction slot of a batch of n events.
-func (g *Group[TTx, T]) finish(n int) {
+func (g *Group[TTx, T]) finish(n int) { g.finishTimed(n, false, 0, 0, 0) }
+
+// finishTimed is finish, and if the batch committed, adds its handler calls' mean time (inH
+// over calls) and its own time (total less inH) to the moving averages that fill reads.
+func (g *Group[TTx, T]) finishTimed(n int, committed bool, inH time.Duration, calls int, total time.Duration) {
 	g.mu.Lock()
+	if committed && g.adapt {
+		const weight = 0.125 // of the newest transaction
+		own := max(total-inH, 0).Seconds()
+		if g.ownTime == 0 {
+			g.ownTime = own
+		} else {
+			g.ownTime += weight * (own - g.ownTime)
+		}
+		if calls > 0 {
+			h := inH.Seconds() / float64(calls)
+			if g.handlerTime == 0 {
+				g.handlerTime = h
+			} else {
+				g.handlerTime += weight * (h - g.handlerTime)
+			}
+		}
+	}
 	g.running--
 	g.inBatch -= n
 	g.designate()
@@ -320,13 +413,13 @@ func (g *Group[TTx, T]) finish(n int) {
 // subtransaction ID until the top-level commit, and more than 64 of them overflow the
 // per-backend subxid cache (PGPROC), a known cliff that slows snapshots on every connection.
 // Re-running the batch's events one by one costs a failure a few extra transactions instead.
-func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) error {
+func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) (inH time.Duration, calls int, err error) {
 	keys := make([]Key, len(batch))
 	for i, it := range batch {
 		keys[i] = it.key
 	}
 	var fresh []bool
-	err := g.in.InTx(ctx, func(tx TTx) error {
+	err = g.in.InTx(ctx, func(tx TTx) error {
 		var err error
 		if fresh, err = g.in.RecordMany(ctx, tx, keys); err != nil {
 			return err
@@ -335,7 +428,11 @@ func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) err
 			if !fresh[i] {
 				continue // handled before, or a duplicate delivery in this very batch
 			}
-			if err := callTx(it.ctx, g.h, tx, it.e); err != nil {
+			t := time.Now()
+			err := callTx(it.ctx, g.h, tx, it.e)
+			inH += time.Since(t)
+			calls++
+			if err != nil {
 				return err
 			}
 		}
@@ -348,7 +445,7 @@ func (g *Group[TTx, T]) runBatch(ctx context.Context, batch []*groupItem[T]) err
 			}
 		}
 	}
-	return err
+	return inH, calls, err
 }
 
 // callTx runs h, turning a panic into an error so the batch rolls back and every event in it

@@ -141,6 +141,115 @@ func TestGroupWaitsUntilABatchIsWorthATransaction(t *testing.T) {
 	}
 }
 
+// TestGroupMaxEventsOneIsOnce: with MaxEvents 1, every event has a transaction of its own
+// and as many run at once as there are calls — MaxTransactions does not cap them: five
+// handlers are inside their transactions together although MaxTransactions is 1.
+func TestGroupMaxEventsOneIsOnce(t *testing.T) {
+	t.Parallel()
+	const calls = 5
+	in := &memInbox{seen: map[idempotency.Key]bool{}}
+	var inside sync.WaitGroup
+	inside.Add(calls)
+	all := make(chan struct{})
+	go func() { inside.Wait(); close(all) }()
+	ctx, cancel := context.WithTimeout(consumer.WithInfo(context.Background(), consumer.Info{Consumer: "c", Attempt: 1}), time.Minute)
+	defer cancel()
+	g := idempotency.NewGroup[struct{}, step](in, func(ctx context.Context, _ struct{}, e outbox.Event[step]) error {
+		inside.Done()
+		select {
+		case <-all: // every handler is running
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, &idempotency.GroupConfig{MaxEvents: 1, MaxTransactions: 1})
+	results := make(chan error, calls)
+	for n := range calls {
+		go func() { results <- g.Handle(ctx, outbox.New(step{n})) }()
+	}
+	for range calls {
+		if err := <-results; err != nil {
+			t.Fatalf("an event returned %v, want every handler running at once", err)
+		}
+	}
+	if got, want := in.sizes(), []int{1, 1, 1, 1, 1}; !slices.Equal(got, want) {
+		t.Fatalf("keys recorded %v at a time, want one by one", got)
+	}
+}
+
+// slowGroup returns a group over a memory inbox (whose own statements take no time) with
+// cfg, whose handler takes 10 ms per event until block is set; then it reports each call
+// on inside and waits for release (or its ctx).
+func slowGroup(t *testing.T, cfg *idempotency.GroupConfig) (g *idempotency.Group[struct{}, step], ctx context.Context, block *atomic.Bool, inside chan int, release chan struct{}) {
+	block, inside, release = &atomic.Bool{}, make(chan int, 100), make(chan struct{})
+	g = idempotency.NewGroup[struct{}, step](&memInbox{seen: map[idempotency.Key]bool{}}, func(ctx context.Context, _ struct{}, e outbox.Event[step]) error {
+		if !block.Load() {
+			time.Sleep(10 * time.Millisecond)
+			return nil
+		}
+		inside <- e.Payload.N
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, cfg)
+	ctx, cancel := context.WithTimeout(consumer.WithInfo(context.Background(), consumer.Info{Consumer: "c", Attempt: 1}), time.Minute)
+	t.Cleanup(cancel)
+	for n := range 10 { // one at a time: transactions all in the handler, none in the inbox
+		if err := g.Handle(ctx, outbox.New(step{n})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	block.Store(true)
+	return g, ctx, block, inside, release
+}
+
+// TestGroupSlowHandlersRunSideBySide: with MaxTransactions left to the group, transactions
+// that spend their time in handlers rather than in their own statements let more batches
+// run at once than the default 2: five slow handlers run together.
+func TestGroupSlowHandlersRunSideBySide(t *testing.T) {
+	t.Parallel()
+	g, ctx, _, inside, release := slowGroup(t, nil)
+	results := make(chan error, 5)
+	for n := range 5 {
+		go func() { results <- g.Handle(ctx, outbox.New(step{100 + n})) }()
+		select {
+		case <-inside:
+		case <-ctx.Done():
+			t.Fatalf("event %d waits for a batch (%d waiting), want its handler running next to the %d before it", n, g.Waiting(), n)
+		}
+	}
+	close(release)
+	for range 5 {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestGroupMaxTransactionsSetIsAHardCap: a MaxTransactions that is set caps the batches
+// running at once however slow the handlers: with 2, a third event waits.
+func TestGroupMaxTransactionsSetIsAHardCap(t *testing.T) {
+	t.Parallel()
+	g, ctx, _, inside, release := slowGroup(t, &idempotency.GroupConfig{MaxTransactions: 2})
+	results := make(chan error, 3)
+	for n := range 3 {
+		go func() { results <- g.Handle(ctx, outbox.New(step{100 + n})) }()
+		if n < 2 {
+			<-inside
+		}
+	}
+	outboxtest.WaitFor(t, 10*time.Second, "the third event to wait for a batch", func() bool { return g.Waiting() == 1 })
+	close(release)
+	for range 3 {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // downInbox is an inbox whose database is down: every transaction fails to begin with an
 // error marked unavailable, the first only once gate is closed.
 type downInbox struct {

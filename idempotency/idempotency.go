@@ -6,15 +6,16 @@
 //
 // Every adapter (outboxpgx, outboxgorm, outboxbun, outboxsql) gives an [Inbox] over its
 // transaction type through NewInbox, and wraps the helpers below in verbs of its own
-// (Idempotent, IdempotentGrouped, SkipSeen, IdempotentHTTP, PruneInbox) that most
-// applications call instead. Which one to use:
+// (Idempotent, SkipSeen, IdempotentHTTP, PruneInbox) that most applications call instead.
+// Which one to use:
 //
-//   - [Once] (an adapter's Idempotent) for a consumer whose effects are writes to the same
-//     database: the key and the writes commit in one transaction, so each event's effects
-//     happen exactly once, whatever the broker redelivers and whenever the process dies.
-//   - [NewGroup] (IdempotentGrouped) is Once for busy consumers: events handled at the same
-//     time share one transaction and one commit. Use it when the consumer handles many
-//     events at once (Concurrency 32 or more) and the handler is a few quick statements.
+//   - [NewGroup] (an adapter's Idempotent) for a consumer whose effects are writes to the
+//     same database: the key and the writes commit in one transaction, so each event's
+//     effects happen exactly once, whatever the broker redelivers and whenever the process
+//     dies. Events handled at the same time share one transaction and one commit (group
+//     commit), so a busy consumer is not bound by the database's commits per second; an
+//     event handled alone gets a transaction of its own. GroupConfig{MaxEvents: 1} gives
+//     every event its own transaction: [Once], for handlers too slow to run in sequence.
 //   - [SkipSeen] for a consumer whose effects are outside the database (an e-mail, a call to
 //     another service): at least once, with the common duplicates skipped. The handler must
 //     tolerate a rare repeat.

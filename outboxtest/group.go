@@ -49,7 +49,7 @@ func exerciseGroupCommit[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 				}
 				want[fmt.Sprint(i)] = 1
 			}
-			runGroupConsumer(t, f, q, f.IdempotentGrouped(effectOf(f, succeed), cfg))
+			runGroupConsumer(t, f, q, f.Idempotent(effectOf(f, succeed), cfg))
 			expectEffects(t, f, want)
 			if dls, err := f.DeadLetters.List(context.Background(), deadletter.Filter{}); err != nil || len(dls) != 0 {
 				t.Fatalf("dead letters %+v (%v), want none", dls, err)
@@ -81,7 +81,7 @@ func exerciseGroupCommit[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 			}
 			return nil
 		})
-		runGroupConsumer(t, f, q, f.IdempotentGrouped(h, nil))
+		runGroupConsumer(t, f, q, f.Idempotent(h, nil))
 		expectEffects(t, f, want)
 		dls, err := f.DeadLetters.List(context.Background(), deadletter.Filter{})
 		if err != nil {

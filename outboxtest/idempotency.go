@@ -48,10 +48,8 @@ type IdempotencyFixture[TTx any] struct {
 	// past.
 	AgeInbox func(ctx context.Context, d time.Duration) error
 
-	// Idempotent is the adapter's Idempotent around h.
-	Idempotent func(h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note]
-	// IdempotentGrouped is the adapter's IdempotentGrouped around h.
-	IdempotentGrouped func(h idempotency.TxHandler[TTx, Note], cfg *idempotency.GroupConfig) consumer.Handler[Note]
+	// Idempotent is the adapter's Idempotent around h, with cfg.
+	Idempotent func(h idempotency.TxHandler[TTx, Note], cfg *idempotency.GroupConfig) consumer.Handler[Note]
 	// SkipSeen is the adapter's SkipSeen around h.
 	SkipSeen func(h consumer.Handler[Note]) consumer.Handler[Note]
 	// IdempotentHTTP is the adapter's IdempotentHTTP around h.
@@ -65,7 +63,10 @@ type IdempotencyFixture[TTx any] struct {
 	Unmigrate func(ctx context.Context) error
 }
 
-// idemMode is one of the adapter's exactly-once wrappers, as the consumer-driven cases use it.
+// oneEventPerTransaction turns the adapters' Idempotent's group commit off.
+var oneEventPerTransaction = &idempotency.GroupConfig{MaxEvents: 1}
+
+// idemMode is one configuration of the adapter's Idempotent, as the consumer-driven cases use it.
 type idemMode[TTx any] struct {
 	name string
 	wrap func(f *IdempotencyFixture[TTx], h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note]
@@ -78,10 +79,10 @@ func ExerciseIdempotency[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 	t.Helper()
 	modes := []idemMode[TTx]{
 		{"Idempotent", func(f *IdempotencyFixture[TTx], h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note] {
-			return f.Idempotent(h)
+			return f.Idempotent(h, nil)
 		}},
-		{"IdempotentGrouped", func(f *IdempotencyFixture[TTx], h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note] {
-			return f.IdempotentGrouped(h, nil)
+		{"IdempotentOneEventPerTransaction", func(f *IdempotencyFixture[TTx], h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note] {
+			return f.Idempotent(h, oneEventPerTransaction)
 		}},
 	}
 	for _, m := range modes {
@@ -109,9 +110,9 @@ func ExerciseIdempotency[TTx any](t *testing.T, newFixture func(t *testing.T) *I
 		f := newFixture(t)
 		h := func(ctx context.Context, tx TTx, e outbox.Event[Note]) error { return nil }
 		for name, handler := range map[string]consumer.Handler[Note]{
-			"Idempotent":        f.Idempotent(h),
-			"IdempotentGrouped": f.IdempotentGrouped(h, nil),
-			"SkipSeen":          f.SkipSeen(func(context.Context, outbox.Event[Note]) error { return nil }),
+			"Idempotent":                       f.Idempotent(h, nil),
+			"IdempotentOneEventPerTransaction": f.Idempotent(h, oneEventPerTransaction),
+			"SkipSeen":                         f.SkipSeen(func(context.Context, outbox.Event[Note]) error { return nil }),
 		} {
 			if err := handler(context.Background(), outbox.New(Note{})); err == nil || !outbox.IsPermanent(err) {
 				t.Errorf("%s without a consumer name: %v, want a permanent error", name, err)
@@ -225,7 +226,7 @@ func deadLetterListReplayDiscard[TTx any](t *testing.T, f *IdempotencyFixture[TT
 			return fmt.Errorf("cannot handle %q", e.Payload.Text)
 		}
 		return nil
-	}))
+	}), nil)
 	poison := outbox.New(Note{Text: "poison"}, outbox.WithKey("k"))
 	pm, _ := poison.Encode()
 	unknown, _ := outbox.New(Poison{N: 1}).Encode()
@@ -383,7 +384,7 @@ func skipSeen[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) {
 	}
 	// An event recorded by Idempotent under the same consumer name is skipped too.
 	handled := outbox.New(Note{Text: "handled"})
-	if err := f.Idempotent(effectOf(f, succeed))(ctx, handled); err != nil {
+	if err := f.Idempotent(effectOf(f, succeed), nil)(ctx, handled); err != nil {
 		t.Fatal(err)
 	}
 	if err := h(ctx, handled); err != nil || runs["handled"] != 0 {
@@ -470,7 +471,7 @@ func recordInTheCallersTransaction[TTx any](t *testing.T, f *IdempotencyFixture[
 // and keeps the recent ones, which still absorb duplicates.
 func pruneInbox[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) {
 	ctx := consumer.WithInfo(context.Background(), consumer.Info{Consumer: "pruner", Attempt: 1})
-	h := f.Idempotent(effectOf(f, succeed))
+	h := f.Idempotent(effectOf(f, succeed), nil)
 	old := make([]outbox.Event[Note], 3)
 	for i := range old {
 		old[i] = outbox.New(Note{N: i})

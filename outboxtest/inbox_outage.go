@@ -31,8 +31,8 @@ func exerciseInboxOutages[TTx any](t *testing.T, newFixture func(t *testing.T) *
 		ran := false
 		h := func(context.Context, TTx, outbox.Event[Note]) error { ran = true; return nil }
 		e := outbox.New(Note{Text: "nowhere"})
-		expectSchemaError(t, "Idempotent", f.Idempotent(h)(ctx, e))
-		expectSchemaError(t, "IdempotentGrouped", f.IdempotentGrouped(h, nil)(ctx, e))
+		expectSchemaError(t, "Idempotent", f.Idempotent(h, nil)(ctx, e))
+		expectSchemaError(t, "IdempotentOneEventPerTransaction", f.Idempotent(h, oneEventPerTransaction)(ctx, e))
 		expectSchemaError(t, "SkipSeen", f.SkipSeen(func(context.Context, outbox.Event[Note]) error { return nil })(ctx, e))
 		if ran {
 			t.Error("a handler ran although its event could not be recorded in the inbox")
@@ -55,9 +55,11 @@ func exerciseInboxOutages[TTx any](t *testing.T, newFixture func(t *testing.T) *
 		}
 		ctx := consumer.WithInfo(context.Background(), consumer.Info{Consumer: "dropped", Attempt: 1})
 		for name, wrap := range map[string]func(idempotency.TxHandler[TTx, Note]) consumer.Handler[Note]{
-			"Idempotent": f.Idempotent,
-			"IdempotentGrouped": func(h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note] {
-				return f.IdempotentGrouped(h, nil)
+			"Idempotent": func(h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note] {
+				return f.Idempotent(h, nil)
+			},
+			"IdempotentOneEventPerTransaction": func(h idempotency.TxHandler[TTx, Note]) consumer.Handler[Note] {
+				return f.Idempotent(h, oneEventPerTransaction)
 			},
 		} {
 			h := wrap(func(ctx context.Context, tx TTx, e outbox.Event[Note]) error {

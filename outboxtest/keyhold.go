@@ -39,7 +39,7 @@ func newKeyHoldRig[TTx any](t *testing.T, f *IdempotencyFixture[TTx]) *keyHoldRi
 		}
 		r.handled = append(r.handled, e.Payload.Text)
 		return nil
-	}))
+	}), nil)
 	return r
 }
 

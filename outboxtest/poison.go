@@ -478,7 +478,7 @@ func exercisePoisonConsumer[TTx any](t *testing.T, newFixture func(t *testing.T)
 		if err := q.Send(ctx, []outbox.Message{m}); err != nil {
 			t.Fatal(err)
 		}
-		runConsumer(t, f.DeadLetters, q, f.Idempotent(effectOf(f, succeed)), 1, func() bool { return q.Len() == 0 })
+		runConsumer(t, f.DeadLetters, q, f.Idempotent(effectOf(f, succeed), nil), 1, func() bool { return q.Len() == 0 })
 		dl, err = f.DeadLetters.List(ctx, deadletter.Filter{EventID: m.ID})
 		if err != nil || len(dl) != 1 || dl[0].Attempts != 1 || dl[0].Kind != deadletter.KindUnknownType || dl[0].Raw == nil || dl[0].Raw.Type != m.Type {
 			t.Fatalf("the poison message has %d dead letters (%v); want one, kind unknown-type, at attempt 1, the type in Raw", len(dl), err)
@@ -505,7 +505,7 @@ func exercisePoisonConsumer[TTx any](t *testing.T, newFixture func(t *testing.T)
 		}
 		plainErr := errors.New("an old transport's error without MalformedError")
 		r := &scriptedReceiver{ds: []*scriptedDelivery{{err: noID}, {err: withID}, {err: plainErr}}}
-		runConsumer(t, f.DeadLetters, r, f.Idempotent(effectOf(f, succeed)), 3, r.settled)
+		runConsumer(t, f.DeadLetters, r, f.Idempotent(effectOf(f, succeed), nil), 3, r.settled)
 		if r.nacked() {
 			t.Error("a malformed message was nacked: it would come back forever")
 		}
@@ -575,7 +575,7 @@ func exercisePoisonConsumer[TTx any](t *testing.T, newFixture func(t *testing.T)
 				return errors.New("still failing")
 			}
 			return nil
-		}))
+		}), nil)
 		runConsumer(t, f.DeadLetters, q, h, 4, func() bool { return q.Len() == 0 })
 		for id, kind := range map[uuid.UUID]deadletter.Kind{
 			unknown.ID: deadletter.KindUnknownType, undecodable.ID: deadletter.KindUndecodable,

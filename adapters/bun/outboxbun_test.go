@@ -350,11 +350,8 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 		Publish: func(ctx context.Context, tx bun.Tx, events ...outbox.Encodable) error {
 			return o.Publish(ctx, tx, events...)
 		},
-		Idempotent: func(h idempotency.TxHandler[bun.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxbun.Idempotent(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h))
-		},
-		IdempotentGrouped: func(h idempotency.TxHandler[bun.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxbun.IdempotentGrouped(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h), cfg)
+		Idempotent: func(h idempotency.TxHandler[bun.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxbun.Idempotent(o.Outbox, o.db, outboxbun.TxHandler[outboxtest.Note](h), cfg)
 		},
 		SkipSeen: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
 			return outboxbun.SkipSeen(o.Outbox, o.db, h)

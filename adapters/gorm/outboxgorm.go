@@ -9,7 +9,7 @@
 //
 //	err := outboxgorm.Default.Publish(ctx, tx, outbox.New(OrderPlaced{ID: id}))
 //	billing, err := outboxgorm.New(outbox.Tables{Schema: "billing"})
-//	h := outboxgorm.Idempotent(billing, db, handle)
+//	h := outboxgorm.Idempotent(billing, db, handle, nil)
 //
 // outboxpgx, outboxbun and outboxsql have the same verbs, with the same names, arguments
 // (each library's own handles) and results. The context is the first argument here too;
@@ -38,12 +38,12 @@ import (
 	"github.com/txoutbox/outbox/outboxdriver"
 )
 
-// Outbox is an outbox at one set of table names, and every verb of this package goes
-// through one: [Default] is the outbox at the default names, [New] makes one at others. The
-// verbs that are generic over the event type ([Idempotent], [IdempotentGrouped],
-// [SkipSeen]) are functions that take the Outbox first, since Go methods cannot have type
-// parameters; the others are its methods. An Outbox is immutable and safe for concurrent
-// use; it serves every dialect, which each call takes from its *gorm.DB.
+// Outbox is an outbox at one set of table names, and every verb of this package goes through
+// one: [Default] is the outbox at the default names, [New] makes one at others. The verbs that
+// are generic over the event type ([Idempotent], [SkipSeen]) are functions that take the Outbox
+// first, since Go methods cannot have type parameters; the others are its methods. An Outbox is
+// immutable and safe for concurrent use; it serves every dialect, which each call takes from
+// its *gorm.DB.
 type Outbox struct {
 	names     map[string]*sqlstore.Names
 	allowNoTx bool

@@ -314,11 +314,8 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 		SQL:       o.RawSQL(),
 		Unmigrate: o.Unmigrate,
 		Publish:   o.Publish,
-		Idempotent: func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxgorm.Idempotent(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h))
-		},
-		IdempotentGrouped: func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxgorm.IdempotentGrouped(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h), cfg)
+		Idempotent: func(h idempotency.TxHandler[*gorm.DB, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxgorm.Idempotent(o.Outbox, o.db, outboxgorm.TxHandler[outboxtest.Note](h), cfg)
 		},
 		SkipSeen: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
 			return outboxgorm.SkipSeen(o.Outbox, o.db, h)

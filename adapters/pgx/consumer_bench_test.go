@@ -19,12 +19,13 @@ import (
 )
 
 // BenchmarkConsumer: events/s through the consumer runtime from the in-memory transport,
-// with a handler that writes one effect row in its own transaction ("plain"), with the same
-// handler wrapped in outboxpgx.Idempotent (inbox row in the same transaction), and wrapped
-// in outboxpgx.IdempotentGrouped (group commit: defaults, one transaction at a time, and 64
-// events in flight instead of 32). The variants take turns for three rounds of 10,000
-// events, and each one's median rate is reported; idempotent/plain is the cost of
-// exactly-once effects, grouped/plain what group commit makes of it (DESIGN §11: ≥ 1.0).
+// with a handler that writes one effect row in its own transaction ("plain"), and with the
+// same handler wrapped in outboxpgx.Idempotent (inbox row in the same transaction): with its
+// defaults (group commit), with one transaction at a time, with 64 events in flight instead
+// of 32, and with one event per transaction ("once", MaxEvents 1). The variants take turns
+// for three rounds of 10,000 events, and each one's median rate is reported;
+// idempotent/plain is the cost of exactly-once effects as users get them by default (target
+// ≥ 1.0), once/plain its cost without group commit.
 //
 //	go test -run '^$' -bench BenchmarkConsumer -benchtime 1x ./adapters/pgx
 func BenchmarkConsumer(b *testing.B) {
@@ -52,19 +53,7 @@ func BenchmarkConsumer(b *testing.B) {
 	}
 	// measure returns the events/s of one round and the CPU time each meter read meanwhile.
 	measure := func(name string, concurrency int, h consumer.Handler[order]) (float64, []int64) {
-		q := outboxmemory.New(nil)
-		msgs := make([]outbox.Message, n)
-		for i := range msgs {
-			msgs[i], _ = outbox.New(order{int64(i), 42}).Encode()
-		}
-		if err := q.Send(ctx, msgs); err != nil {
-			b.Fatal(err)
-		}
-		c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.deadLetters(b), Concurrency: concurrency, BatchSize: concurrency})
-		if err != nil {
-			b.Fatal(err)
-		}
-		consumer.Handle(c, h)
+		c, q := queuedConsumer(b, o, name, n, concurrency, h)
 		cpu := read()
 		elapsed := runUntilDrained(b, c, q)
 		for i, c1 := range read() {
@@ -87,10 +76,10 @@ func BenchmarkConsumer(b *testing.B) {
 		{"plain", 32, func(ctx context.Context, e outbox.Event[order]) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, e) })
 		}},
-		{"idempotent", 32, outboxpgx.Idempotent(o.Outbox, pool, effect)},
-		{"grouped", 32, outboxpgx.IdempotentGrouped(o.Outbox, pool, effect, nil)},
-		{"grouped_1tx", 32, outboxpgx.IdempotentGrouped(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxTransactions: 1})},
-		{"grouped_c64", 64, outboxpgx.IdempotentGrouped(o.Outbox, pool, effect, nil)},
+		{"idempotent", 32, outboxpgx.Idempotent(o.Outbox, pool, effect, nil)},
+		{"once", 32, outboxpgx.Idempotent(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxEvents: 1})},
+		{"idempotent_1tx", 32, outboxpgx.Idempotent(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxTransactions: 1})},
+		{"idempotent_c64", 64, outboxpgx.Idempotent(o.Outbox, pool, effect, nil)},
 	}
 	rates, cpu := map[string][]float64{}, map[string][]int64{}
 	for round := range rounds {
@@ -110,7 +99,7 @@ func BenchmarkConsumer(b *testing.B) {
 			}
 		}
 	}
-	plain, idem, grouped := median(rates["plain"]), median(rates["idempotent"]), median(rates["grouped"])
+	plain, idem, once := median(rates["plain"]), median(rates["idempotent"]), median(rates["once"])
 	// The database's own ceiling: the same transaction from 32 goroutines, no consumer.
 	var next atomic.Int64
 	ceiling := rate(b, 32, func(ctx context.Context) error {
@@ -118,25 +107,43 @@ func BenchmarkConsumer(b *testing.B) {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, e) })
 	})
 	b.ReportMetric(ceiling, "raw_tx/s")
-	b.ReportMetric(idem/ceiling, "idempotent/raw_tx")
 	b.ReportMetric(plain, "plain_events/s")
 	b.ReportMetric(idem, "idempotent_events/s")
 	b.ReportMetric(idem/plain, "idempotent/plain")
-	b.ReportMetric(grouped, "grouped_events/s")
-	b.ReportMetric(grouped/plain, "grouped/plain")
-	b.ReportMetric(grouped/idem, "grouped/idempotent")
-	b.ReportMetric(grouped/ceiling, "grouped/raw_tx")
-	b.ReportMetric(median(rates["grouped_1tx"]), "grouped_1tx_events/s")
-	b.ReportMetric(median(rates["grouped_c64"]), "grouped_c64_events/s")
+	b.ReportMetric(idem/ceiling, "idempotent/raw_tx")
+	b.ReportMetric(once, "once_events/s")
+	b.ReportMetric(once/plain, "once/plain")
+	b.ReportMetric(idem/once, "idempotent/once")
+	b.ReportMetric(median(rates["idempotent_1tx"]), "idempotent_1tx_events/s")
+	b.ReportMetric(median(rates["idempotent_c64"]), "idempotent_c64_events/s")
 	// On Linux, CPU time per event: the machine's (client, database and whatever else
 	// runs), this process's, and the handlers' database backends'.
-	for _, name := range []string{"plain", "idempotent", "grouped"} {
+	for _, name := range []string{"plain", "idempotent", "once"} {
 		for i, c := range cpu[name] {
 			if c >= 0 {
 				b.ReportMetric(float64(c)*1e6/benchtest.ClockTicks/(n*rounds), name+"_"+meters[i].Name+"_µs/event")
 			}
 		}
 	}
+}
+
+// queuedConsumer returns an in-memory queue holding n order events and a consumer named name
+// (a fresh inbox) that runs h on them, concurrency at a time.
+func queuedConsumer(b *testing.B, o *testOutbox, name string, n, concurrency int, h consumer.Handler[order]) (*consumer.Consumer, *outboxmemory.Queue) {
+	q := outboxmemory.New(nil)
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i], _ = outbox.New(order{int64(i), 42}).Encode()
+	}
+	if err := q.Send(context.Background(), msgs); err != nil {
+		b.Fatal(err)
+	}
+	c, err := consumer.New(q, &consumer.Config{Name: name, DeadLetters: o.deadLetters(b), Concurrency: concurrency, BatchSize: concurrency})
+	if err != nil {
+		b.Fatal(err)
+	}
+	consumer.Handle(c, h)
+	return c, q
 }
 
 // runUntilDrained runs c until q is empty and returns how long it took.
@@ -154,4 +161,71 @@ func runUntilDrained(b *testing.B, c *consumer.Consumer, q *outboxmemory.Queue) 
 		b.Fatal(err)
 	}
 	return elapsed
+}
+
+// BenchmarkConsumerHandlerCost: what grouping by default costs a handler heavier than one
+// INSERT. For handlers of 1, 4 and 8 INSERTs and one of an INSERT that waits 2 ms in the
+// database (a lock wait, a slow query: time, not work), events/s of the handler in a
+// transaction of its own without the inbox ("plain"), in outboxpgx.Idempotent with its
+// defaults, with one event per transaction (MaxEvents 1: "once") and with a fixed
+// MaxTransactions 2 ("fixed2", batches sized by count alone); 32 events in flight, three
+// rounds of 4,000 events, medians reported as ratios to plain in the same run.
+//
+//	go test -run '^$' -bench BenchmarkConsumerHandlerCost -benchtime 1x ./adapters/pgx
+func BenchmarkConsumerHandlerCost(b *testing.B) {
+	const n, rounds = 4000, 3
+	o := benchOutbox(b)
+	ctx := context.Background()
+	effects := o.schema + ".cost_effects"
+	pool, _ := pgxtest.TaggedPool(b, 32)
+	if _, err := o.pool.Exec(ctx, "CREATE TABLE "+effects+" (event_id uuid NOT NULL, k int NOT NULL, total bigint NOT NULL, PRIMARY KEY (event_id, k))"); err != nil {
+		b.Fatal(err)
+	}
+	measure := func(name string, h consumer.Handler[order]) float64 {
+		c, q := queuedConsumer(b, o, name, n, 32, h)
+		elapsed := runUntilDrained(b, c, q)
+		if _, err := o.pool.Exec(ctx, "TRUNCATE "+effects); err != nil {
+			b.Fatal(err)
+		}
+		return n / elapsed.Seconds()
+	}
+	for _, handler := range []struct {
+		name    string
+		inserts int // 0: one INSERT after a 2 ms wait
+	}{{"1insert", 1}, {"4inserts", 4}, {"8inserts", 8}, {"wait2ms", 0}} {
+		effect := func(ctx context.Context, tx pgx.Tx, e outbox.Event[order]) error {
+			if handler.inserts == 0 {
+				_, err := tx.Exec(ctx, "INSERT INTO "+effects+" SELECT $1, 0, $2 FROM pg_sleep(0.002)", e.ID, e.Payload.Total)
+				return err
+			}
+			for i := range handler.inserts {
+				if _, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, $2, $3)", e.ID, i, e.Payload.Total); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		variants := []struct {
+			name string
+			h    consumer.Handler[order]
+		}{
+			{"plain", func(ctx context.Context, e outbox.Event[order]) error {
+				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, e) })
+			}},
+			{"idempotent", outboxpgx.Idempotent(o.Outbox, pool, effect, nil)},
+			{"once", outboxpgx.Idempotent(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxEvents: 1})},
+			{"fixed2", outboxpgx.Idempotent(o.Outbox, pool, effect, &idempotency.GroupConfig{MaxTransactions: 2})},
+		}
+		rates := map[string][]float64{}
+		for round := range rounds {
+			for _, v := range variants {
+				rates[v.name] = append(rates[v.name], measure(fmt.Sprintf("%s_%s_%d", handler.name, v.name, round), v.h))
+			}
+		}
+		plain := median(rates["plain"])
+		b.ReportMetric(plain, handler.name+"_plain_events/s")
+		for _, v := range variants[1:] {
+			b.ReportMetric(median(rates[v.name])/plain, handler.name+"_"+v.name+"/plain")
+		}
+	}
 }

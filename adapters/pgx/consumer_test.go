@@ -47,11 +47,8 @@ func (o *testOutbox) idempotencyFixture(t *testing.T, ob *outboxpgx.Outbox, pool
 		Publish: func(ctx context.Context, tx pgx.Tx, events ...outbox.Encodable) error {
 			return ob.Publish(ctx, tx, events...)
 		},
-		Idempotent: func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxpgx.Idempotent(ob, pool, outboxpgx.TxHandler[outboxtest.Note](h))
-		},
-		IdempotentGrouped: func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxpgx.IdempotentGrouped(ob, pool, outboxpgx.TxHandler[outboxtest.Note](h), cfg)
+		Idempotent: func(h idempotency.TxHandler[pgx.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxpgx.Idempotent(ob, pool, outboxpgx.TxHandler[outboxtest.Note](h), cfg)
 		},
 		SkipSeen: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
 			return outboxpgx.SkipSeen(ob, pool, h)

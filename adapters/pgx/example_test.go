@@ -22,10 +22,11 @@ type OrderPaid struct {
 
 func (OrderPaid) EventType() string { return "orders.paid" }
 
-// A consumer that handles many events at once groups their inbox rows and effects into
-// shared transactions: one commit for up to 64 events instead of one each, with the same
-// exactly-once effects. It needs a PostgreSQL server, so it is compiled but not run.
-func ExampleIdempotentGrouped() {
+// An exactly-once consumer: each event's effects commit once, together with its inbox row.
+// Events handled at the same time share transactions: one commit for up to 64 events instead
+// of one each, with the same exactly-once effects. It needs a PostgreSQL server, so it is
+// compiled but not run.
+func ExampleIdempotent() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("TXOUTBOX_PG_URL"))
 	if err != nil {
@@ -52,10 +53,11 @@ func ExampleIdempotentGrouped() {
 	}
 	// Write only through tx. In a batch, h may run again for an event after a rollback
 	// caused by another event; its rolled-back writes never count, so effects happen once.
-	consumer.Handle(c, outboxpgx.IdempotentGrouped(outboxpgx.Default, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[OrderPaid]) error {
+	consumer.Handle(c, outboxpgx.Idempotent(outboxpgx.Default, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[OrderPaid]) error {
 		_, err := tx.Exec(ctx, `UPDATE customers SET points = points + $1 WHERE order_id = $2`, e.Payload.Points, e.Payload.OrderID)
 		return err
-	}, nil)) // nil: batches of up to 64 events, at most 2 transactions at once
+	}, nil)) // nil: batches of up to 64 events, at most 2 transactions at once;
+	// &idempotency.GroupConfig{MaxEvents: 1}: a transaction per event, for a slow handler
 	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestGroupedCommitsFewerTransactions(t *testing.T) {
 	if _, err := o.pool.Exec(ctx, "CREATE TABLE "+effects+" (event_id uuid NOT NULL, xid bigint NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	h := outboxpgx.IdempotentGrouped(o.Outbox, o.pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[outboxtestNote]) error {
+	h := outboxpgx.Idempotent(o.Outbox, o.pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[outboxtestNote]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, txid_current())", e.ID)
 		return err
 	}, nil)

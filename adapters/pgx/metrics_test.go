@@ -19,6 +19,7 @@ import (
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest/oteltest"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/outbox/relay"
 	outboxmemory "github.com/txoutbox/outbox/transports/memory"
@@ -154,7 +155,7 @@ func TestMetricsFollowTheEvents(t *testing.T) {
 			return errors.New("database busy")
 		}
 		return nil
-	}))
+	}, nil))
 	cctx, stopConsumer := context.WithCancel(ctx)
 	consumerDone := make(chan error)
 	go func() { consumerDone <- c.Run(cctx) }()
@@ -288,15 +289,15 @@ func TestMetricsFollowTheEvents(t *testing.T) {
 }
 
 // TestIdempotencyHelpersReportDuplicates: a redelivered event counts as a duplicate, not as
-// handled, whichever helper absorbs it: Idempotent, IdempotentGrouped (once its batch
-// committed) and SkipSeen.
+// handled, whichever helper absorbs it: Idempotent (once its batch committed), Idempotent
+// with one event per transaction, and SkipSeen.
 func TestIdempotencyHelpersReportDuplicates(t *testing.T) {
 	t.Parallel()
 	o := pgxtest.New(t, "outboxpgx_dups")
 	noop := func(context.Context, pgx.Tx, outbox.Event[outboxtest.Note]) error { return nil }
 	for name, h := range map[string]consumer.Handler[outboxtest.Note]{
-		"idempotent": outboxpgx.Idempotent(o.Outbox, o.Pool, noop),
-		"grouped":    outboxpgx.IdempotentGrouped(o.Outbox, o.Pool, noop, nil),
+		"idempotent": outboxpgx.Idempotent(o.Outbox, o.Pool, noop, nil),
+		"once":       outboxpgx.Idempotent(o.Outbox, o.Pool, noop, &idempotency.GroupConfig{MaxEvents: 1}),
 		"skipseen":   outboxpgx.SkipSeen(o.Outbox, o.Pool, func(context.Context, outbox.Event[outboxtest.Note]) error { return nil }),
 	} {
 		t.Run(name, func(t *testing.T) {

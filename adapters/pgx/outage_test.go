@@ -20,6 +20,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/outboxtest"
 	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
@@ -144,19 +145,19 @@ func (ledgerEntry) EventType() string { return "test.ledger_entry" }
 // MaxAttempts. Nothing is dead-lettered for the outage and nothing acknowledged: the
 // consumer pauses and probes. Once the database is back, each event's effect commits
 // exactly once, and each poison event (a permanent failure, whose dead letter could not
-// be written during the outage) is dead-lettered exactly once. With Idempotent and with
-// group commit.
+// be written during the outage) is dead-lettered exactly once. With Idempotent's group
+// commit and with one event per transaction.
 func TestConsumerSurvivesDatabaseOutage(t *testing.T) {
 	t.Parallel()
-	for _, grouped := range []bool{false, true} {
-		t.Run(map[bool]string{false: "Idempotent", true: "IdempotentGrouped"}[grouped], func(t *testing.T) {
+	for name, cfg := range map[string]*idempotency.GroupConfig{"Idempotent": nil, "IdempotentOneEventPerTransaction": {MaxEvents: 1}} {
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			consumerSurvivesDatabaseOutage(t, grouped)
+			consumerSurvivesDatabaseOutage(t, cfg)
 		})
 	}
 }
 
-func consumerSurvivesDatabaseOutage(t *testing.T, grouped bool) {
+func consumerSurvivesDatabaseOutage(t *testing.T, group *idempotency.GroupConfig) {
 	ctx := context.Background()
 	o := pgxtest.New(t, "outage")
 	if _, err := o.Pool.Exec(ctx, "CREATE TABLE "+o.Schema+".ledger (event_id uuid NOT NULL, n int NOT NULL)"); err != nil {
@@ -201,11 +202,7 @@ func consumerSurvivesDatabaseOutage(t *testing.T, grouped bool) {
 		}
 		return nil
 	}
-	if grouped {
-		consumer.Handle(c, outboxpgx.IdempotentGrouped(o.Outbox, pool, h, nil))
-	} else {
-		consumer.Handle(c, outboxpgx.Idempotent(o.Outbox, pool, h))
-	}
+	consumer.Handle(c, outboxpgx.Idempotent(o.Outbox, pool, h, group))
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error)
 	go func() { done <- c.Run(runCtx) }()

@@ -9,7 +9,7 @@
 //
 //	err := outboxpgx.Default.Publish(ctx, tx, outbox.New(OrderPlaced{ID: id}))
 //	billing, err := outboxpgx.New(outbox.Tables{Schema: "billing"})
-//	h := outboxpgx.Idempotent(billing, pool, handle)
+//	h := outboxpgx.Idempotent(billing, pool, handle, nil)
 //
 // outboxgorm, outboxbun and outboxsql have the same verbs, with the same names, arguments
 // (each library's own handles) and results.
@@ -45,12 +45,11 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Outbox is an outbox at one set of table names, and every verb of this package goes
-// through one: [Default] is the outbox at the default names, [New] makes one at others. The
-// verbs that are generic over the event type ([Idempotent], [IdempotentGrouped],
-// [SkipSeen]) are functions that take the Outbox first, since Go methods cannot have type
-// parameters; the others are its methods. An Outbox is immutable and safe for concurrent
-// use.
+// Outbox is an outbox at one set of table names, and every verb of this package goes through
+// one: [Default] is the outbox at the default names, [New] makes one at others. The verbs that
+// are generic over the event type ([Idempotent], [SkipSeen]) are functions that take the Outbox
+// first, since Go methods cannot have type parameters; the others are its methods. An Outbox is
+// immutable and safe for concurrent use.
 type Outbox struct {
 	names *sqlstore.Names
 }

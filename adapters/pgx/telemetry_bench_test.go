@@ -128,7 +128,7 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 			consumer.Handle(c, outboxpgx.Idempotent(o.Outbox, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[order]) error {
 				_, err := tx.Exec(ctx, "INSERT INTO "+effects+" VALUES ($1, $2)", e.ID, e.Payload.Total)
 				return err
-			}))
+			}, nil))
 			cpu := cpuTime()
 			elapsed := runUntilDrained(b, c, q)
 			perEvent := (cpuTime() - cpu).Seconds() * 1e6 / n

@@ -19,9 +19,8 @@ import (
 type TxHandler[T outbox.Payload] func(ctx context.Context, tx *sql.Tx, e outbox.Event[T]) error
 
 // NewInbox returns o's idempotency-key table (the inbox) over db, for recording keys in your
-// own transactions, counting them and pruning them; Idempotent, IdempotentGrouped, SkipSeen
-// and IdempotentHTTP are built on it. Its transactions are db.BeginTx's, at the driver's
-// default isolation level.
+// own transactions, counting them and pruning them; Idempotent, SkipSeen and IdempotentHTTP are
+// built on it. Its transactions are db.BeginTx's, at the driver's default isolation level.
 func (o *Outbox) NewInbox(db *sql.DB) (idempotency.Inbox[*sql.Tx], error) {
 	if db == nil {
 		return nil, errors.New("outboxsql: NewInbox needs a *sql.DB, got nil")
@@ -94,26 +93,24 @@ func (o *Outbox) IdempotentHTTP(db *sql.DB, h idempotency.HTTPTxHandler[*sql.Tx]
 	return idempotency.HTTPHandler(in, h, cfg)
 }
 
-// Idempotent returns a consumer handler that begins a transaction on db, records (consumer
-// name, event ID) in o's inbox, and runs h in that transaction only if the pair is new; a
-// duplicate delivery commits nothing and is acknowledged. Write h's effects through tx: they
-// commit together with the inbox row, so a crash before commit re-runs h on redelivery and a
-// crash after commit (before the ack) is absorbed by the inbox. If db is nil, the handler
-// fails every event permanently. See [idempotency.Once].
-func Idempotent[T outbox.Payload](o *Outbox, db *sql.DB, h TxHandler[T]) consumer.Handler[T] {
-	in, err := o.NewInbox(db)
-	if err != nil {
-		return sqlstore.Failing[T](err)
-	}
-	return idempotency.Once(in, idempotency.TxHandler[*sql.Tx, T](h))
-}
-
-// IdempotentGrouped is [Idempotent] with group commit: events handled at the same time share
-// a transaction, one inbox statement and one commit for up to cfg.MaxEvents events (nil cfg:
-// the defaults). Use it for busy consumers (Concurrency 32 or more) whose h is a few quick
-// statements; h may run more than once for an event, every run but the last rolled back.
-// See [idempotency.Group].
-func IdempotentGrouped[T outbox.Payload](o *Outbox, db *sql.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
+// Idempotent returns a consumer handler that makes h's effects happen exactly once per
+// (consumer name, event ID): it begins a transaction on db, records the pair in o's inbox, and
+// runs h in that transaction only if the pair is new; a duplicate delivery commits nothing and
+// is acknowledged. Write h's effects through tx: they commit together with the inbox row, so a
+// crash before commit re-runs h on redelivery and a crash after commit (before the ack) is
+// absorbed by the inbox.
+//
+// Events handled at the same time share one transaction (group commit): one inbox statement and
+// one commit for several of them, their handlers run one after another, so a busy consumer is
+// not bound by the database's commits per second; an event handled alone has a transaction of
+// its own. The group sizes its batches by its handlers' time: quick handlers share a few large
+// batches, slow ones (a long query, a lock wait) run side by side in small ones, down to a
+// transaction each. h may therefore run more than once for an event, every run but the last
+// rolled back: when one handler of a shared transaction fails, the others are handled again,
+// each alone, and only the failing one gets its error. cfg MaxEvents 1 gives every event its
+// own transaction, always. cfg nil means the defaults. If db is nil, the handler fails every
+// event permanently. See [idempotency.Group].
+func Idempotent[T outbox.Payload](o *Outbox, db *sql.DB, h TxHandler[T], cfg *idempotency.GroupConfig) consumer.Handler[T] {
 	in, err := o.NewInbox(db)
 	if err != nil {
 		return sqlstore.Failing[T](err)

@@ -13,7 +13,7 @@
 //
 //	err := outboxsql.Postgres.Publish(ctx, tx, outbox.New(OrderPlaced{ID: id}))
 //	billing, err := outboxsql.New(outboxsql.Postgres, outbox.Tables{Schema: "billing"})
-//	h := outboxsql.Idempotent(billing, db, handle)
+//	h := outboxsql.Idempotent(billing, db, handle, nil)
 //
 // outboxpgx, outboxgorm and outboxbun have the same verbs, with the same names, arguments
 // (each library's own handles) and results; where they have Default, this package has one
@@ -32,12 +32,11 @@ import (
 	"github.com/txoutbox/outbox/outboxdriver"
 )
 
-// Outbox is an outbox of one dialect at one set of table names, and every verb of this
-// package goes through one: [Postgres], [MySQL] and [SQLite] are the outboxes at the
-// default names, [New] makes one at others. The verbs that are generic over the event type
-// ([Idempotent], [IdempotentGrouped], [SkipSeen]) are functions that take the Outbox first,
-// since Go methods cannot have type parameters; the others are its methods. An Outbox is
-// immutable and safe for concurrent use.
+// Outbox is an outbox of one dialect at one set of table names, and every verb of this package
+// goes through one: [Postgres], [MySQL] and [SQLite] are the outboxes at the default names,
+// [New] makes one at others. The verbs that are generic over the event type ([Idempotent],
+// [SkipSeen]) are functions that take the Outbox first, since Go methods cannot have type
+// parameters; the others are its methods. An Outbox is immutable and safe for concurrent use.
 type Outbox struct {
 	d     sqlstore.Dialect
 	names *sqlstore.Names

@@ -357,11 +357,8 @@ func (o *testOutbox) idempotencyFixture(t *testing.T) *outboxtest.IdempotencyFix
 		Publish: func(ctx context.Context, tx *sql.Tx, events ...outbox.Encodable) error {
 			return o.Publish(ctx, tx, events...)
 		},
-		Idempotent: func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note]) consumer.Handler[outboxtest.Note] {
-			return outboxsql.Idempotent(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h))
-		},
-		IdempotentGrouped: func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
-			return outboxsql.IdempotentGrouped(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h), cfg)
+		Idempotent: func(h idempotency.TxHandler[*sql.Tx, outboxtest.Note], cfg *idempotency.GroupConfig) consumer.Handler[outboxtest.Note] {
+			return outboxsql.Idempotent(o.Outbox, o.DB, outboxsql.TxHandler[outboxtest.Note](h), cfg)
 		},
 		SkipSeen: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
 			return outboxsql.SkipSeen(o.Outbox, o.DB, h)

@@ -133,7 +133,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	consumer.Handle(worker, outboxpgx.Idempotent(box, pool, report))
+	consumer.Handle(worker, outboxpgx.Idempotent(box, pool, report, nil))
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
 	go func() { done <- r.Run(runCtx) }()

@@ -170,7 +170,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 			return err
 		}
 		return tx.Model(&Task{ID: e.Payload.TaskID}).Updates(Task{Status: "done", Rows: len(records)}).Error
-	})
+	}, nil)
 	// handled passes each parse request the worker finished, duplicates included, to the
 	// story below.
 	handled := make(chan outbox.Event[ParseRequested], 10)

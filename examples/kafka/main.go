@@ -142,7 +142,7 @@ func run(w io.Writer, kind, dsn, brokers string) error {
 	ship := outboxsql.Idempotent(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[OrderPlaced]) error {
 		_, err := tx.ExecContext(ctx, "INSERT INTO shipments (order_id, customer) VALUES ($1, $2)", e.Payload.OrderID, e.Payload.Customer)
 		return err
-	})
+	}, nil)
 	dead, err := box.NewDeadLetters(db)
 	if err != nil {
 		return err

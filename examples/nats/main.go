@@ -210,7 +210,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 	charge := outboxpgx.Idempotent(box, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[OrderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO charges (order_id, cents) VALUES ($1, $2)", e.Payload.OrderID, e.Payload.Cents)
 		return err
-	})
+	}, nil)
 	var mu sync.Mutex
 	deliveries := map[string]int{} // handled deliveries per order, the failed one included
 	consumer.Handle(billing, func(ctx context.Context, e outbox.Event[OrderPlaced]) error {

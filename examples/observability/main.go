@@ -186,7 +186,7 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 			return errors.New("inventory service unavailable")
 		}
 		return nil
-	}))
+	}, nil))
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

@@ -135,7 +135,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO loyalty_points VALUES ($1, $2)
 			ON CONFLICT (customer) DO UPDATE SET points = loyalty_points.points + excluded.points`, o.Customer, o.TotalCents/100)
 		return err
-	})
+	}, nil)
 	var o1Completed atomic.Int32 // deliveries of o-1's "completed" event the handler finished
 	consumer.Handle(loyalty, func(ctx context.Context, e outbox.Event[OrderStatusChanged]) error {
 		err := award(ctx, e)

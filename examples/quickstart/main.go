@@ -103,7 +103,7 @@ func run(w io.Writer, kind, dsn string) error {
 	consumer.Handle(worker, outboxsql.Idempotent(box, db, func(ctx context.Context, tx *sql.Tx, e outbox.Event[ParseRequested]) error {
 		_, err := tx.ExecContext(ctx, "UPDATE tasks SET status = 'done', parses = parses + 1 WHERE id = "+param, e.Payload.TaskID)
 		return err
-	}))
+	}, nil))
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
 	go func() { done <- r.Run(runCtx) }()

@@ -78,7 +78,7 @@ func (pl *pipeline) consumer(r outbox.Receiver) *consumer.Consumer {
 	effect := outboxpgx.Idempotent(pl.p.Outbox, pl.p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+pl.p.Schema+".effects (event_id, customer, seq) VALUES ($1, $2, $3)", e.ID, e.Payload.Customer, e.Payload.Seq)
 		return err
-	})
+	}, nil)
 	consumer.Handle(c, func(ctx context.Context, e outbox.Event[orderPlaced]) error {
 		pl.mu.Lock()
 		pl.handled++

@@ -40,7 +40,7 @@ func idempotentEffect(o *outboxpgx.Outbox, pool *pgxpool.Pool, schema string) co
 	return outboxpgx.Idempotent(o, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+schema+".effects (event_id) VALUES ($1)", e.ID)
 		return err
-	})
+	}, nil)
 }
 
 // stallingReceiver hands out its deliveries with an Ack that announces itself on stdout

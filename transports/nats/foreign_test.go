@@ -72,7 +72,7 @@ func TestForeignEventHandledOnce(t *testing.T) {
 		_, err := tx.Exec(ctx, "INSERT INTO "+p.Schema+".effects VALUES ($1, $2, $3)",
 			e.ID, e.Headers[cloudevents.IDHeader], e.Headers[cloudevents.SourceHeader])
 		return err
-	}))
+	}, nil))
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(cctx) }()

@@ -150,7 +150,7 @@ func (pl *chaosPipeline) start(production context.Context) {
 	effect := outboxpgx.Idempotent(pl.p.Outbox, pl.p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+pl.p.Schema+".effects (event_id) VALUES ($1)", e.ID)
 		return err
-	})
+	}, nil)
 	consumer.Handle(c, func(ctx context.Context, e outbox.Event[orderPlaced]) error {
 		info, _ := consumer.InfoFrom(ctx)
 		pl.mu.Lock()

@@ -69,7 +69,7 @@ func TestEndToEnd(t *testing.T) {
 			effect := outboxpgx.Idempotent(p.Outbox, p.Pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 				_, err := tx.Exec(ctx, "INSERT INTO "+p.Schema+".effects (event_id) VALUES ($1)", e.ID)
 				return err
-			})
+			}, nil)
 			seq := 0
 			consumer.Handle(c, func(ctx context.Context, e outbox.Event[orderPlaced]) error {
 				mu.Lock()

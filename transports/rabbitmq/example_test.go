@@ -78,7 +78,7 @@ func Example() {
 	consumer.Handle(c, outboxpgx.Idempotent(outboxpgx.Default, pool, func(ctx context.Context, tx pgx.Tx, e outbox.Event[orderPlaced]) error {
 		_, err := tx.Exec(ctx, "INSERT INTO invoices (order_id) VALUES ($1)", e.Payload.OrderID)
 		return err
-	}))
+	}, nil))
 	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
