@@ -1,8 +1,8 @@
 // Package idempotency is the idempotency-key table of an outbox — the inbox — and what is
 // built on it, independent of the database driver or ORM: a key recorded in the caller's own
 // transaction makes that transaction's effects happen once per key. It is for application
-// developers, mostly through an adapter's Idempotent, IdempotentGrouped, SkipSeen and
-// IdempotentHTTP.
+// developers, mostly through an adapter's Idempotent (group commit by default),
+// SkipSeen and IdempotentHTTP.
 //
 // Every adapter (outboxpgx, outboxgorm, outboxbun, outboxsql) gives an [Inbox] over its
 // transaction type through NewInbox, and wraps the helpers below in verbs of its own
