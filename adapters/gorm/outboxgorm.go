@@ -52,7 +52,7 @@ type Outbox struct {
 // Default is the outbox at the default table names: "outbox", "outbox_dead_letters",
 // "outbox_inbox"… in the connection's default schema (PostgreSQL's search_path, MySQL's
 // database, SQLite's main database). Its Publish insists on a transaction.
-var Default = mustNew(outbox.Tables{})
+var Default = sqlstore.MustOutbox(New(outbox.Tables{}))
 
 // Option configures an [Outbox].
 type Option func(*Outbox)
@@ -74,14 +74,6 @@ func New(t outbox.Tables, opts ...Option) (*Outbox, error) {
 		opt(o)
 	}
 	return o, nil
-}
-
-func mustNew(t outbox.Tables) *Outbox {
-	o, err := New(t)
-	if err != nil {
-		panic(err)
-	}
-	return o
 }
 
 // Publish writes events inside tx, the *gorm.DB of a db.Transaction callback or of Begin;

@@ -56,7 +56,7 @@ type Outbox struct {
 
 // Default is the outbox at the default table names: "outbox", "outbox_dead_letters",
 // "outbox_inbox"… in the schema of the connection's search_path.
-var Default = mustNew(outbox.Tables{})
+var Default = sqlstore.MustOutbox(New(outbox.Tables{}))
 
 // New validates t and returns the outbox at those names.
 func New(t outbox.Tables) (*Outbox, error) {
@@ -65,14 +65,6 @@ func New(t outbox.Tables) (*Outbox, error) {
 		return nil, err
 	}
 	return &Outbox{names: n}, nil
-}
-
-func mustNew(t outbox.Tables) *Outbox {
-	o, err := New(t)
-	if err != nil {
-		panic(err)
-	}
-	return o
 }
 
 // copyThreshold is the batch size from which COPY beats a multi-row INSERT: COPY costs an

@@ -76,11 +76,7 @@ func New(d *Outbox, t outbox.Tables) (*Outbox, error) {
 }
 
 func mustNew(d sqlstore.Dialect) *Outbox {
-	n, err := sqlstore.NewNames(d, outbox.Tables{})
-	if err != nil {
-		panic(err)
-	}
-	return &Outbox{d: d, names: n}
+	return &Outbox{d: d, names: sqlstore.MustOutbox(sqlstore.NewNames(d, outbox.Tables{}))}
 }
 
 // Tx is what Publish writes through: a *sql.Tx, or a wrapper with the same methods

@@ -101,3 +101,12 @@ func lockKey(parts ...string) int64 {
 	}
 	return int64(h.Sum64())
 }
+
+// MustOutbox returns o, or panics with err: each adapter's Default outbox is built with it
+// from the default table names, which always validate.
+func MustOutbox[O any](o O, err error) O {
+	if err != nil {
+		panic(err)
+	}
+	return o
+}
