@@ -9,15 +9,35 @@ import (
 // implement it (outboxmemory, outboxsqs, outboxazqueue, outboxnats, outboxkafka,
 // outboxrabbitmq).
 //
-// The relay never puts two messages with the same key in one call, and calls again for a key
-// only after the previous call returned, so a Sender may send a batch's messages in any order
-// and concurrently. Send returns nil when every message was delivered, a [*BatchError] naming
+// The relay never puts two messages with the same key in one call (unless the Sender is a
+// [KeyOrderer] that keeps key order), and calls again for a key only after the previous call
+// returned, so a Sender may send a batch's messages in any order and concurrently. Send returns nil when every message was delivered, a [*BatchError] naming
 // the messages that failed (the others were delivered), or any other error when the whole
 // batch failed. Errors that retrying cannot fix (a message over the broker's size limit)
 // should be marked with [Permanent] or wrap [ErrTooLarge]: the relay dead-letters them at once.
 // Senders use Message.ID as the broker's dedup ID where it has one.
 type Sender interface {
 	Send(ctx context.Context, msgs []Message) error
+}
+
+// KeyOrderer is an optional interface of a [Sender] whose Send keeps the order of one key's
+// messages within a call. A Sender whose KeepsKeyOrder returns true promises, for every call:
+// the messages of one key reach the broker in the order given, and once one of them fails,
+// every later message of that key in the same call fails too (named in the [*BatchError])
+// without having been sent. The relay then sends a claim's runs of one key in one call
+// instead of one message of each key per call ("waves"), which is what makes a backlog of
+// few keys drain as fast as a keyless one; the later messages of a failed key are given back
+// without spending an attempt, as they would be with waves. A Sender that cannot keep the
+// promise, or only in some configurations, returns false (or does not implement it), and a
+// wrapper of a Sender forwards the wrapped Sender's answer.
+type KeyOrderer interface {
+	KeepsKeyOrder() bool
+}
+
+// KeepsKeyOrder reports whether s is a [KeyOrderer] that keeps key order.
+func KeepsKeyOrder(s Sender) bool {
+	k, ok := s.(KeyOrderer)
+	return ok && k.KeepsKeyOrder()
 }
 
 // Pinger is an optional interface of a [Sender]: Ping checks that the broker answers,

@@ -62,11 +62,15 @@ func (s *listStore) Claim(_ context.Context, p outboxdriver.ClaimParams) ([]outb
 	}
 	s.limits = append(s.limits, p.Limit)
 	var out []outboxdriver.Claimed
+	waiting := map[string]bool{} // keys with an earlier row leased or not due: as a real store, no claim takes a row behind one
 	for _, r := range s.rows {
 		if len(out) == p.Limit {
 			break
 		}
-		if r.token != 0 || time.Now().Before(r.due) {
+		if r.token != 0 || time.Now().Before(r.due) || waiting[r.msg.Key] {
+			if r.msg.Key != "" {
+				waiting[r.msg.Key] = true
+			}
 			continue
 		}
 		r.token = p.Token

@@ -186,14 +186,15 @@ func (c *Config) validate() error {
 // one outbox: claims are leased, so each message is sent by one relay at a time, and
 // messages with the same key are sent in order.
 type Relay struct {
-	store   outboxdriver.Store
-	sender  outbox.Sender
-	cfg     *Config
-	wake    chan struct{}
-	poll    chan struct{} // held by the loop that polls a drained outbox
-	backlog chan struct{} // a full batch: wakes a loop that waits for one
-	running atomic.Bool
-	obs     relayTelemetry
+	store    outboxdriver.Store
+	sender   outbox.Sender
+	keyOrder bool // the Sender keeps key order within a call: a claim goes in one wave
+	cfg      *Config
+	wake     chan struct{}
+	poll     chan struct{} // held by the loop that polls a drained outbox
+	backlog  chan struct{} // a full batch: wakes a loop that waits for one
+	running  atomic.Bool
+	obs      relayTelemetry
 	// broker and database follow the availability of what the relay depends on.
 	broker, database *availability.Gate
 }
@@ -215,7 +216,7 @@ func New(store outboxdriver.Store, sender outbox.Sender, cfg *Config) (*Relay, e
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	r := &Relay{store: store, sender: sender, cfg: c, wake: make(chan struct{}, 1),
+	r := &Relay{store: store, sender: sender, keyOrder: outbox.KeepsKeyOrder(sender), cfg: c, wake: make(chan struct{}, 1),
 		poll: make(chan struct{}, 1), backlog: make(chan struct{}, 1)}
 	r.obs.init(c, sender)
 	broker, database := r.gate("broker"), r.gate("database")
@@ -546,10 +547,16 @@ func (o *outcome) deadLetter(c outboxdriver.Claimed, kind deadletter.Kind, reaso
 
 // send delivers a claim in waves: wave i holds the i-th message of every key (and, in wave
 // 0, every keyless message), so a Sender never sees two messages of one key at once, and a
-// key whose message failed sends nothing after it. Waves due after lastWave are released,
-// and so is everything left once the broker turns out to be unavailable.
+// key whose message failed sends nothing after it. A Sender that keeps key order
+// ([outbox.KeyOrderer]) gets the whole claim in one wave, in outbox order; it fails a key's
+// messages after one that failed, and those are given back like the later waves of the key.
+// Waves due after lastWave are released, and so is everything left once the broker turns
+// out to be unavailable.
 func (r *Relay) send(ctx context.Context, claimed []outboxdriver.Claimed, lastWave time.Time, out *outcome) {
-	waves := splitWaves(claimed)
+	waves := [][]outboxdriver.Claimed{claimed}
+	if !r.keyOrder {
+		waves = splitWaves(claimed)
+	}
 	blocked := out.blocked
 	for _, wave := range waves {
 		batch := wave[:0] // filtered in place: the wave is not read again
@@ -579,6 +586,12 @@ func (r *Relay) send(ctx context.Context, claimed []outboxdriver.Claimed, lastWa
 				continue
 			}
 			if c.Message.Key != "" {
+				if blocked[c.Message.Key] {
+					// An earlier message of its key failed in this call (a Sender keeping key
+					// order fails the rest of the key unsent): given back, no attempt spent.
+					out.release = append(out.release, c.Seq)
+					continue
+				}
 				blocked[c.Message.Key] = true
 			}
 			if outbox.IsUnavailable(err) {

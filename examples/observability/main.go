@@ -49,6 +49,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
+	"github.com/txoutbox/outbox/idempotency"
 	"github.com/txoutbox/outbox/outboxdriver"
 	"github.com/txoutbox/outbox/relay"
 	outboxmemory "github.com/txoutbox/outbox/transports/memory"
@@ -186,7 +187,10 @@ func run(ctx context.Context, w io.Writer, cfg config) error {
 			return errors.New("inventory service unavailable")
 		}
 		return nil
-	}, nil))
+		// One transaction per event, so that the printed trace is the same on every run: with
+		// group commit (the default, nil), o-2's failure inside a batch would be retried alone
+		// within the same delivery, and its failed attempt would not always show.
+	}, &idempotency.GroupConfig{MaxEvents: 1}))
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

@@ -53,6 +53,9 @@ func (c *CountingSender) Send(ctx context.Context, msgs []outbox.Message) error 
 	return err
 }
 
+// KeepsKeyOrder forwards the wrapped Sender's answer ([outbox.KeyOrderer]).
+func (c *CountingSender) KeepsKeyOrder() bool { return outbox.KeepsKeyOrder(c.Sender) }
+
 // Sent returns how many messages went through without error so far.
 func (c *CountingSender) Sent() int64 {
 	c.mu.Lock()
@@ -268,3 +271,13 @@ type Discard struct{}
 
 // Send returns nil.
 func (Discard) Send(context.Context, []outbox.Message) error { return nil }
+
+// KeepsKeyOrder reports true ([outbox.KeyOrderer]): nothing is sent, so nothing is reordered.
+func (Discard) KeepsKeyOrder() bool { return true }
+
+// DiscardInWaves is [Discard] without [outbox.KeyOrderer]: the relay sends it one message of
+// each key per call, as it does to a transport that cannot keep key order within a call.
+type DiscardInWaves struct{}
+
+// Send returns nil.
+func (DiscardInWaves) Send(context.Context, []outbox.Message) error { return nil }

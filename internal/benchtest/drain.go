@@ -66,10 +66,16 @@ func DrainKeys(b *testing.B, n int, drain func(b *testing.B, key func(i int) str
 
 // DrainRelay runs a relay with cfg over store, sending to a transport that accepts
 // everything, until it has delivered n events or limit has passed, and returns the events
-// delivered per second. With $TXOUTBOX_BENCH_DEBUG set it logs the claims it made.
+// delivered per second. The transport keeps key order within a call ([Discard]), so the relay
+// sends a key's run in one call; with $TXOUTBOX_BENCH_WAVES set it does not
+// ([DiscardInWaves]), so the relay sends one message of each key per call. With
+// $TXOUTBOX_BENCH_DEBUG set it logs the claims it made.
 func DrainRelay(b *testing.B, store outboxdriver.Store, n int, cfg *relay.Config, limit time.Duration) float64 {
 	b.Helper()
 	sink := &CountingSender{Sender: Discard{}}
+	if os.Getenv("TXOUTBOX_BENCH_WAVES") != "" { // what a transport that cannot keep key order gets
+		sink.Sender = DiscardInWaves{}
+	}
 	counted := &CountingStore{Store: store}
 	relay, err := relay.New(counted, sink, cfg)
 	if err != nil {

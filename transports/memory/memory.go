@@ -104,24 +104,44 @@ func New(cfg *Config) *Queue {
 	return &Queue{cfg: c, seen: map[string]time.Time{}, inFlight: map[string]bool{}, notify: make(chan struct{})}
 }
 
-// Send accepts msgs. Messages over MaxMessageBytes, or failed by SendHook, are reported in
-// an *outbox.BatchError; the others are accepted.
+// Send accepts msgs, in order. Messages over MaxMessageBytes, or failed by SendHook, are
+// reported in an *outbox.BatchError, and so is every later message of their key in msgs,
+// not accepted (the queue keeps key order: [Queue.KeepsKeyOrder]); so is what is left once ctx
+// is done; the others are accepted.
 func (q *Queue) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	failed := map[int]error{}
+	var failedKeys map[string]bool // keys with a failed message: their later ones fail unsent
+	fail := func(i int, err error) {
+		failed[i] = err
+		if k := msgs[i].Key; k != "" {
+			if failedKeys == nil {
+				failedKeys = map[string]bool{}
+			}
+			failedKeys[k] = true
+		}
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := time.Now()
 	for i, m := range msgs {
+		if err := ctx.Err(); err != nil { // out of time (a slow SendHook): the rest is not sent
+			fail(i, err)
+			continue
+		}
+		if m.Key != "" && failedKeys[m.Key] {
+			fail(i, fmt.Errorf("outboxmemory: message %s not sent: an earlier message of key %q failed in this call", m.ID, m.Key))
+			continue
+		}
 		if q.cfg.MaxMessageBytes > 0 && len(m.Body) > q.cfg.MaxMessageBytes {
-			failed[i] = fmt.Errorf("outboxmemory: message %s is %d bytes, over the limit of %d: %w", m.ID, len(m.Body), q.cfg.MaxMessageBytes, outbox.ErrTooLarge)
+			fail(i, fmt.Errorf("outboxmemory: message %s is %d bytes, over the limit of %d: %w", m.ID, len(m.Body), q.cfg.MaxMessageBytes, outbox.ErrTooLarge))
 			continue
 		}
 		if q.cfg.SendHook != nil {
 			if err := q.cfg.SendHook(m); err != nil {
-				failed[i] = err
+				fail(i, err)
 				continue
 			}
 		}
@@ -141,6 +161,10 @@ func (q *Queue) Send(ctx context.Context, msgs []outbox.Message) error {
 	}
 	return nil
 }
+
+// KeepsKeyOrder reports true ([outbox.KeyOrderer]): Send accepts a key's messages in the
+// order given and none after one that failed, so the relay sends a key's run in one call.
+func (q *Queue) KeepsKeyOrder() bool { return true }
 
 // Ping reports whether the queue answers ([outbox.Pinger]): always, unless ctx is done or
 // Config.PingHook says otherwise.
