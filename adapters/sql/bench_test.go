@@ -87,17 +87,41 @@ func BenchmarkRelayDrain(b *testing.B) {
 		}
 		b.Run(d.name, func(b *testing.B) {
 			o := newTestOutbox(b, d.name, d.dialect, d.driver)
+			// CPU per event of this process (the relay or the raw loop; SQLite too) and of
+			// the MariaDB/MySQL server (all of it: whatever else uses it counts as well).
+			meters := []benchtest.Meter{benchtest.Processes("self")}
+			if d.name == "mysql" {
+				meters = append(meters, benchtest.Processes("server", "mariadbd", "mysqld"))
+			}
+			metered := func(cpu [][]float64, drain func() float64) float64 {
+				before := make([]int64, len(meters))
+				for i, m := range meters {
+					before[i] = m.Read()
+				}
+				rate := drain()
+				for i, m := range meters {
+					cpu[i] = append(cpu[i], float64(m.Read()-before[i])*1e6/benchtest.ClockTicks/n)
+				}
+				return rate
+			}
 			var raw, lib []float64
+			rawCPU, libCPU := make([][]float64, len(meters)), make([][]float64, len(meters))
 			for range rounds {
 				fillBench(b, o, n, func(int) string { return "" })
-				raw = append(raw, drainRaw(b, o, n, batch))
+				raw = append(raw, metered(rawCPU, func() float64 { return drainRaw(b, o, n, batch) }))
 				fillBench(b, o, n, func(int) string { return "" })
-				lib = append(lib, benchtest.DrainRelay(b, o.store(b), n, nil, time.Minute))
+				lib = append(lib, metered(libCPU, func() float64 {
+					return benchtest.DrainRelay(b, o.store(b), n, nil, time.Minute)
+				}))
 			}
 			rawRate, libRate := median(raw), median(lib)
 			b.ReportMetric(rawRate, "raw_events/s")
 			b.ReportMetric(libRate, "relay_events/s")
 			b.ReportMetric(libRate/rawRate, "relay/raw")
+			for i, m := range meters {
+				b.ReportMetric(median(rawCPU[i]), "raw_"+m.Name+"_cpu_µs/event")
+				b.ReportMetric(median(libCPU[i]), "relay_"+m.Name+"_cpu_µs/event")
+			}
 		})
 	}
 }

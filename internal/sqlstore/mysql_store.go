@@ -47,7 +47,8 @@ func newMySQLStore(db DB, n *Names) *mysqlStore {
 //     keep of each key's run the rows up to the first one missing (keepRuns): write-backs
 //     do not take the claim lock here, so a relay whose lease expired may be rescheduling
 //     a row of the run;
-//  5. stamp the lease on them.
+//  5. stamp the lease on them: an update in place, as no column changes size (migration
+//     007).
 //
 // The plans are plain (non-locking) reads: MariaDB extends a statement's FOR UPDATE SKIP
 // LOCKED to its subqueries, which would skip a row a write-back holds and let a later row of
@@ -108,12 +109,32 @@ func (s *mysqlStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]o
    SET claim_token = ?, lease_owner = ?,
        lease_until = `+mysqlNow+` + INTERVAL ? MICROSECOND,
        attempts = attempts + 1
- WHERE `+inSeqs(claimedSeqs(claimed)), p.Token, p.Owner, p.Lease.Microseconds())
+ WHERE `+inSeqs(claimedSeqs(claimed)), p.Token, mysqlOwner(p.Owner), p.Lease.Microseconds())
 	})
 	if err != nil {
 		return nil, err
 	}
 	return claimed, nil
+}
+
+// mysqlOwnerBytes is the width of the outbox's lease_owner column, CHAR(64) ASCII.
+const mysqlOwnerBytes = 64
+
+// mysqlOwner is the relay's name as the lease_owner column holds it: ASCII (other bytes
+// become '?') and cut to mysqlOwnerBytes. The column is fixed-width so that the claim's
+// lease is an in-place update of the row (migration 007).
+func mysqlOwner(name string) string {
+	b := make([]byte, 0, min(len(name), mysqlOwnerBytes))
+	for _, r := range name {
+		if len(b) == mysqlOwnerBytes {
+			break
+		}
+		if r < 0x20 || r > 0x7e {
+			r = '?'
+		}
+		b = append(b, byte(r))
+	}
+	return string(b)
 }
 
 // Retry records each error made storable (a broker's error text may hold anything).
