@@ -64,7 +64,7 @@ func (s *mysqlStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]o
 		claimed     []outboxdriver.Claimed
 		plan        []claimCandidate // under the claim lock
 		onlyKeyless bool
-		loop        = mysqlLoopOf(p.State)
+		loop        = loopOf[mysqlLoop](p.State)
 	)
 	err := inTxReadCommitted(ctx, s.db, func(q Querier) (err error) {
 		if !loop.backlog() || loop.full%mysqlProbeEvery == 0 {
@@ -148,20 +148,6 @@ type mysqlLoop struct {
 	full int
 	// wide counts down the claims left that read the wide window.
 	wide int
-}
-
-// mysqlLoopOf returns the loop state kept in s, creating it on the loop's first claim; a
-// claim without a state (nil) gets a fresh one, as a loop's first claim.
-func mysqlLoopOf(s *outboxdriver.ClaimState) *mysqlLoop {
-	if s == nil {
-		return &mysqlLoop{}
-	}
-	l, ok := s.Store.(*mysqlLoop)
-	if !ok {
-		l = &mysqlLoop{}
-		s.Store = l
-	}
-	return l
 }
 
 // backlog reports whether the loop's last claim came back full of keyed work.
