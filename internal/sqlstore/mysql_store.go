@@ -37,7 +37,10 @@ func newMySQLStore(db DB, n *Names) *mysqlStore {
 //  1. an outbox without keyed rows is a plain queue: its oldest free rows, FOR UPDATE SKIP
 //     LOCKED, without the claim lock;
 //  2. otherwise plan the claim (planClaim) with plain reads; if there is nothing to claim,
-//     stop without waiting for the claim lock;
+//     stop without waiting for the claim lock. A loop in a backlog (its last claim came
+//     back full of keyed rows) skips this plan, and the probe of step 1 but every
+//     mysqlProbeEvery-th time: it will find something, and the plan under the lock is the
+//     one that counts (mysqlLoop);
 //  3. lock the claim-lock row, so claims of one outbox run one at a time and each sees
 //     every lease committed before it (a row lock ends with the transaction, as
 //     pg_advisory_xact_lock does; GET_LOCK would outlive the commit unless released by
@@ -47,7 +50,8 @@ func newMySQLStore(db DB, n *Names) *mysqlStore {
 //     keep of each key's run the rows up to the first one missing (keepRuns): write-backs
 //     do not take the claim lock here, so a relay whose lease expired may be rescheduling
 //     a row of the run;
-//  5. stamp the lease on them.
+//  5. stamp the lease on them: an update in place, as no column changes size (migration
+//     007).
 //
 // The plans are plain (non-locking) reads: MariaDB extends a statement's FOR UPDATE SKIP
 // LOCKED to its subqueries, which would skip a row a write-back holds and let a later row of
@@ -56,21 +60,29 @@ func (s *mysqlStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]o
 	if p.Limit <= 0 {
 		return nil, nil
 	}
-	var claimed []outboxdriver.Claimed
-	err := inTxReadCommitted(ctx, s.db, func(q Querier) error {
-		onlyKeyless, err := s.onlyKeyless(ctx, q)
-		if err != nil {
-			return err
+	var (
+		claimed     []outboxdriver.Claimed
+		plan        []claimCandidate // under the claim lock
+		onlyKeyless bool
+		loop        = loopOf[mysqlLoop](p.State)
+	)
+	err := inTxReadCommitted(ctx, s.db, func(q Querier) (err error) {
+		if !loop.backlog() || loop.full%mysqlProbeEvery == 0 {
+			if onlyKeyless, err = s.onlyKeyless(ctx, q); err != nil {
+				return err
+			}
 		}
+		plan = nil
 		var (
-			plan  []claimCandidate
 			from  = s.n.Outbox + " FORCE INDEX (PRIMARY)" // in seq order: cheaper than through (key, seq)
 			which = s.oldestKeyless()
 			args  = []any{p.Limit}
 		)
 		if !onlyKeyless {
-			if plan, err = s.planClaim(ctx, q, p.Limit); err != nil || len(plan) == 0 {
-				return err
+			if !loop.backlog() {
+				if plan, err = s.planClaim(ctx, q, p.Limit, loop.window(p.Limit)); err != nil || len(plan) == 0 {
+					return err
+				}
 			}
 			found, err := scanRow(ctx, q, nil, "SELECT id FROM "+s.n.ClaimLock+" WHERE id = 1 FOR UPDATE")
 			if err != nil {
@@ -79,7 +91,7 @@ func (s *mysqlStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]o
 			if !found {
 				return fmt.Errorf("outbox: %s has no row: run Migrate", s.n.ClaimLock)
 			}
-			if plan, err = s.planClaim(ctx, q, p.Limit); err != nil || len(plan) == 0 {
+			if plan, err = s.planClaim(ctx, q, p.Limit, loop.window(p.Limit)); err != nil || len(plan) == 0 {
 				return err
 			}
 			from, which, args = s.n.Outbox, inSeqs(candidateSeqs(plan))+" AND "+s.free(""), nil
@@ -108,12 +120,91 @@ func (s *mysqlStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]o
    SET claim_token = ?, lease_owner = ?,
        lease_until = `+mysqlNow+` + INTERVAL ? MICROSECOND,
        attempts = attempts + 1
- WHERE `+inSeqs(claimedSeqs(claimed)), p.Token, p.Owner, p.Lease.Microseconds())
+ WHERE `+inSeqs(claimedSeqs(claimed)), p.Token, mysqlOwner(p.Owner), p.Lease.Microseconds())
 	})
 	if err != nil {
+		loop.full = 0
 		return nil, err
 	}
+	loop.learn(p.Limit, len(claimed), onlyKeyless, plan)
 	return claimed, nil
+}
+
+// mysqlProbeEvery: while a loop's claims come back full of keyed rows, only every 32nd
+// probes whether the outbox holds any keyed row (step 1), as PostgreSQL's does.
+const mysqlProbeEvery = 32
+
+// mysqlWideFor: a loop whose claim found less than 3/4 of a claim in a full window reads a
+// window of 4 × the limit instead of 2 × for its next claims, until 32 of them have been
+// filled by the window alone: with few keys, the runs a concurrent claim holds fill the
+// front of the window, and the scan beyond it (planDeep) costs more than a wider window
+// (PostgreSQL's pgWideFor).
+const mysqlWideFor = 32
+
+// mysqlLoop is what MySQL's claim remembers of one relay loop (outboxdriver.ClaimState):
+// it changes the cost of a claim, never what it may take (docs/ordering.md).
+type mysqlLoop struct {
+	// full counts the loop's last claims in a row that came back full of keyed work.
+	full int
+	// wide counts down the claims left that read the wide window.
+	wide int
+}
+
+// backlog reports whether the loop's last claim came back full of keyed work.
+func (l *mysqlLoop) backlog() bool { return l.full > 0 }
+
+// window is how many rows the loop's next claim of limit rows reads in its window.
+func (l *mysqlLoop) window(limit int) int {
+	if l.wide > 0 {
+		return 2 * claimWindow(limit)
+	}
+	return claimWindow(limit)
+}
+
+// learn updates l after a claim of limit rows that took n, from a keyless outbox or along
+// plan.
+func (l *mysqlLoop) learn(limit, n int, onlyKeyless bool, plan []claimCandidate) {
+	if onlyKeyless {
+		l.full = 0
+		return
+	}
+	if n < limit {
+		l.full = 0
+	} else {
+		l.full++
+	}
+	inWindow := 0
+	for _, c := range plan {
+		if c.wave == 0 {
+			inWindow++
+		}
+	}
+	switch {
+	case inWindow >= limit:
+		l.wide = max(l.wide-1, 0)
+	case inWindow < limit*3/4 && (len(plan) > inWindow || n < limit):
+		l.wide = mysqlWideFor
+	}
+}
+
+// mysqlOwnerBytes is the width of the outbox's lease_owner column, CHAR(64) ASCII.
+const mysqlOwnerBytes = 64
+
+// mysqlOwner is the relay's name as the lease_owner column holds it: ASCII (other bytes
+// become '?') and cut to mysqlOwnerBytes. The column is fixed-width so that the claim's
+// lease is an in-place update of the row (migration 007).
+func mysqlOwner(name string) string {
+	b := make([]byte, 0, min(len(name), mysqlOwnerBytes))
+	for _, r := range name {
+		if len(b) == mysqlOwnerBytes {
+			break
+		}
+		if r < 0x20 || r > 0x7e {
+			r = '?'
+		}
+		b = append(b, byte(r))
+	}
+	return string(b)
 }
 
 // Retry records each error made storable (a broker's error text may hold anything).

@@ -30,17 +30,7 @@ type pgLoop struct {
 
 // pgLoopOf returns the loop state kept in s, creating it on the loop's first claim; a claim
 // without a state (nil) gets a fresh one, as a loop's first claim.
-func pgLoopOf(s *outboxdriver.ClaimState) *pgLoop {
-	if s == nil {
-		return &pgLoop{}
-	}
-	l, ok := s.Store.(*pgLoop)
-	if !ok {
-		l = &pgLoop{}
-		s.Store = l
-	}
-	return l
-}
+func pgLoopOf(s *outboxdriver.ClaimState) *pgLoop { return loopOf[pgLoop](s) }
 
 // args are the claim function's tuning arguments for a claim of limit rows: the window's
 // width in rows (step 3), whether to probe for keyed rows (step 1), and whether the loop is

@@ -45,19 +45,21 @@ type claimCandidate struct {
 	later bool
 }
 
-// claimWindow is how many of the outbox's first rows a claim of limit rows reads.
+// claimWindow is how many of the outbox's first rows a claim of limit rows reads, unless
+// its loop asks for a wider one (MySQL's mysqlLoop, as PostgreSQL's pgLoop).
 func claimWindow(limit int) int { return 2 * limit }
 
 // planClaim picks the rows a claim of limit rows should lease: what planWindow finds in the
-// window and, past a full window that leaves room, what planDeep finds beyond it.
-func (s *leaseStore) planClaim(ctx context.Context, q Querier, limit int) ([]claimCandidate, error) {
+// window, the outbox's first width rows, and, past a full window that leaves room, what
+// planDeep finds beyond it. The rows found in the window have wave 0.
+func (s *leaseStore) planClaim(ctx context.Context, q Querier, limit, width int) ([]claimCandidate, error) {
 	window, err := s.claimRows(ctx, q, `SELECT seq, `+s.sql.key+`, `+s.free("")+` FROM `+s.n.Outbox+
-		` ORDER BY seq LIMIT ?`, claimWindow(limit))
+		` ORDER BY seq LIMIT ?`, width)
 	if err != nil {
 		return nil, err
 	}
 	plan := planWindow(window, limit)
-	if len(window) < claimWindow(limit) || len(plan) >= limit {
+	if len(window) < width || len(plan) >= limit {
 		return plan, nil
 	}
 	deep, err := s.planDeep(ctx, q, window, plan, limit)

@@ -53,7 +53,7 @@ func (s *sqliteStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]
 		args  = []any{p.Limit}
 	)
 	if !onlyKeyless {
-		if plan, err = s.planClaim(ctx, s.db, p.Limit); err != nil || len(plan) == 0 {
+		if plan, err = s.planClaim(ctx, s.db, p.Limit, claimWindow(p.Limit)); err != nil || len(plan) == 0 {
 			return nil, err
 		}
 		which, args = inSeqs(candidateSeqs(plan)), nil

@@ -15,6 +15,21 @@ type relayStore interface {
 	outboxdriver.StatsReader
 }
 
+// loopOf returns the relay loop's state of type T kept in s (outboxdriver.ClaimParams.State:
+// pgLoop, mysqlLoop), creating it on the loop's first claim; a claim without a state (nil)
+// gets a fresh one, as a loop's first claim.
+func loopOf[T any](s *outboxdriver.ClaimState) *T {
+	if s == nil {
+		return new(T)
+	}
+	l, ok := s.Store.(*T)
+	if !ok {
+		l = new(T)
+		s.Store = l
+	}
+	return l
+}
+
 // classifiedStore is a dialect's relay store whose errors are classified (see Classify),
 // and which validates its schema for Relay.Run (outboxdriver.Validator).
 type classifiedStore struct {
