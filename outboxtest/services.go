@@ -3,6 +3,7 @@ package outboxtest
 import (
 	"net/url"
 	"os"
+	"strconv"
 )
 
 // Where the tests find each service: the environment variable when it is set, otherwise
@@ -31,9 +32,16 @@ func SQSEndpoint() string { return envOr("TXOUTBOX_SQS_ENDPOINT", "http://127.0.
 // AzuriteConnString is $TXOUTBOX_AZURITE_CONN or the local Azurite's queue service with
 // its well-known development account (public, documented by Microsoft: not a secret).
 func AzuriteConnString() string {
-	return envOr("TXOUTBOX_AZURITE_CONN", "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"+
-		"AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"+
-		"QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;")
+	return envOr("TXOUTBOX_AZURITE_CONN", AzuriteDevConnString(10001))
+}
+
+// AzuriteDevConnString is the connection string of an Azurite queue service on
+// 127.0.0.1:port with the well-known development account: for a private Azurite a test
+// starts itself (outboxtest.StartNodeProcess).
+func AzuriteDevConnString(port int) string {
+	return "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;" +
+		"AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;" +
+		"QueueEndpoint=http://127.0.0.1:" + strconv.Itoa(port) + "/devstoreaccount1;"
 }
 
 func envOr(name, def string) string {
