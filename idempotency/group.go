@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 // GroupConfig configures a [Group], and so the adapters' Idempotent. The zero value (or nil)
@@ -49,12 +50,8 @@ func (c *GroupConfig) WithDefaults() *GroupConfig {
 	if c != nil {
 		out = *c
 	}
-	if out.MaxEvents == 0 {
-		out.MaxEvents = 64
-	}
-	if out.MaxTransactions == 0 {
-		out.MaxTransactions = 2
-	}
+	config.Default(&out.MaxEvents, 64)
+	config.Default(&out.MaxTransactions, 2)
 	return &out
 }
 
@@ -377,6 +374,16 @@ func (g *Group[TTx, T]) lead(me *groupItem[T]) error {
 	return nil
 }
 
+// movingAverage adds x to the exponential moving average *avg, in which the newest value
+// weighs 1/8; the first value is taken as it is.
+func movingAverage(avg *float64, x float64) {
+	if *avg == 0 {
+		*avg = x
+		return
+	}
+	*avg += (x - *avg) / 8
+}
+
 // finish frees the transaction slot of a batch of n events.
 func (g *Group[TTx, T]) finish(n int) { g.finishTimed(n, false, 0, 0, 0) }
 
@@ -385,20 +392,9 @@ func (g *Group[TTx, T]) finish(n int) { g.finishTimed(n, false, 0, 0, 0) }
 func (g *Group[TTx, T]) finishTimed(n int, committed bool, inH time.Duration, calls int, total time.Duration) {
 	g.mu.Lock()
 	if committed && g.adapt {
-		const weight = 0.125 // of the newest transaction
-		own := max(total-inH, 0).Seconds()
-		if g.ownTime == 0 {
-			g.ownTime = own
-		} else {
-			g.ownTime += weight * (own - g.ownTime)
-		}
+		movingAverage(&g.ownTime, max(total-inH, 0).Seconds())
 		if calls > 0 {
-			h := inH.Seconds() / float64(calls)
-			if g.handlerTime == 0 {
-				g.handlerTime = h
-			} else {
-				g.handlerTime += weight * (h - g.handlerTime)
-			}
+			movingAverage(&g.handlerTime, inH.Seconds()/float64(calls))
 		}
 	}
 	g.running--

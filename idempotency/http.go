@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 // HTTPConfig configures [HTTPHandler]. Scope is required; other zero fields take the
@@ -88,12 +90,8 @@ func (c *HTTPConfig) WithDefaults() *HTTPConfig {
 		out = *c
 	}
 	out.Header = cmp.Or(out.Header, "Idempotency-Key")
-	if out.MaxBodyBytes == 0 {
-		out.MaxBodyBytes = 1 << 20
-	}
-	if out.MaxKeyLength == 0 {
-		out.MaxKeyLength = 255
-	}
+	config.Default(&out.MaxBodyBytes, 1<<20)
+	config.Default(&out.MaxKeyLength, 255)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azqueue/v2/queueerror"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 // maxDequeue is the most messages one Get Messages request returns.
@@ -48,21 +49,11 @@ func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
 	if c != nil {
 		out = *c
 	}
-	if out.VisibilityTimeout == 0 {
-		out.VisibilityTimeout = 30 * time.Second
-	}
-	if out.MinPollInterval == 0 {
-		out.MinPollInterval = 50 * time.Millisecond
-	}
-	if out.MaxPollInterval == 0 {
-		out.MaxPollInterval = 2 * time.Second
-	}
-	if out.WaitTime == 0 {
-		out.WaitTime = 20 * time.Second
-	}
-	if out.RequestTimeout == 0 {
-		out.RequestTimeout = 30 * time.Second
-	}
+	config.Default(&out.VisibilityTimeout, 30*time.Second)
+	config.Default(&out.MinPollInterval, 50*time.Millisecond)
+	config.Default(&out.MaxPollInterval, 2*time.Second)
+	config.Default(&out.WaitTime, 20*time.Second)
+	config.Default(&out.RequestTimeout, 30*time.Second)
 	return &out
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 // SenderConfig configures a [Sender]. DefaultQueue or Routes must be set; every other field
@@ -48,12 +49,8 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out = *c
 		out.Routes = maps.Clone(c.Routes)
 	}
-	if out.Concurrency == 0 {
-		out.Concurrency = 10
-	}
-	if out.Source == "" {
-		out.Source = cloudevents.DefaultSource
-	}
+	config.Default(&out.Concurrency, 10)
+	config.Default(&out.Source, cloudevents.DefaultSource)
 	return &out
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 const (
@@ -50,9 +51,7 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out = *c
 		out.Routes = maps.Clone(c.Routes)
 	}
-	if out.Source == "" {
-		out.Source = cloudevents.DefaultSource
-	}
+	config.Default(&out.Source, cloudevents.DefaultSource)
 	return &out
 }
 
@@ -129,18 +128,10 @@ func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
 		out = *c
 		out.Topics = slices.Clone(c.Topics)
 	}
-	if out.MaxWait == 0 {
-		out.MaxWait = DefaultMaxWait
-	}
-	if out.MaxPendingPerPartition == 0 {
-		out.MaxPendingPerPartition = DefaultMaxPendingPerPartition
-	}
-	if out.RevokeTimeout == 0 {
-		out.RevokeTimeout = DefaultRevokeTimeout
-	}
-	if out.MaxHeldBytes == 0 {
-		out.MaxHeldBytes = DefaultMaxHeldBytes
-	}
+	config.Default(&out.MaxWait, DefaultMaxWait)
+	config.Default(&out.MaxPendingPerPartition, DefaultMaxPendingPerPartition)
+	config.Default(&out.RevokeTimeout, DefaultRevokeTimeout)
+	config.Default(&out.MaxHeldBytes, DefaultMaxHeldBytes)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 // Config configures a [Queue]; nil means the defaults.
@@ -47,9 +48,7 @@ func (c *Config) WithDefaults() *Config {
 	if c != nil {
 		out = *c
 	}
-	if out.VisibilityTimeout == 0 {
-		out.VisibilityTimeout = 30 * time.Second
-	}
+	config.Default(&out.VisibilityTimeout, 30*time.Second)
 	return &out
 }
 

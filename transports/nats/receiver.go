@@ -14,6 +14,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 const (
@@ -60,15 +61,9 @@ func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
 	if c != nil {
 		out = *c
 	}
-	if out.MaxWait == 0 {
-		out.MaxWait = 5 * time.Second
-	}
-	if out.MaxHeldBytes == 0 {
-		out.MaxHeldBytes = DefaultMaxHeldBytes
-	}
-	if out.MaxMessageBytes == 0 {
-		out.MaxMessageBytes = DefaultMaxMessageBytes
-	}
+	config.Default(&out.MaxWait, 5*time.Second)
+	config.Default(&out.MaxHeldBytes, DefaultMaxHeldBytes)
+	config.Default(&out.MaxMessageBytes, DefaultMaxMessageBytes)
 	return &out
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 // DefaultSubjectPrefix is the subject prefix a [Sender] uses when its config names none:
@@ -57,12 +58,8 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 	if out.Subject == nil && out.SubjectPrefix == "" {
 		out.SubjectPrefix = DefaultSubjectPrefix
 	}
-	if out.Source == "" {
-		out.Source = cloudevents.DefaultSource
-	}
-	if out.MaxPending == 0 {
-		out.MaxPending = 1000
-	}
+	config.Default(&out.Source, cloudevents.DefaultSource)
+	config.Default(&out.MaxPending, 1000)
 	return &out
 }
 

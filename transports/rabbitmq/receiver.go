@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 // MaxHold is the longest an Ordered [Receiver] holds a nacked message before requeueing
@@ -77,21 +78,15 @@ func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
 		out = *c
 		out.RetryDelays = slices.Clone(c.RetryDelays)
 	}
-	if out.MaxMessageBytes == 0 {
-		out.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if out.MaxHeldBytes == 0 {
-		out.MaxHeldBytes = DefaultMaxHeldBytes
-	}
+	config.Default(&out.MaxMessageBytes, DefaultMaxMessageBytes)
+	config.Default(&out.MaxHeldBytes, DefaultMaxHeldBytes)
 	if out.Prefetch == 0 {
 		out.Prefetch = 1
 		if !out.Ordered && out.MaxMessageBytes > 0 {
 			out.Prefetch = min(DefaultPrefetch, max(1, out.MaxHeldBytes/out.MaxMessageBytes))
 		}
 	}
-	if out.MaxWait == 0 {
-		out.MaxWait = 5 * time.Second
-	}
+	config.Default(&out.MaxWait, 5*time.Second)
 	if len(out.RetryDelays) == 0 {
 		out.RetryDelays = slices.Clone(DefaultRetryDelays)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 const (
@@ -52,15 +53,9 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out = *c
 		out.RoutingKeys = maps.Clone(c.RoutingKeys)
 	}
-	if out.Exchange == "" {
-		out.Exchange = DefaultExchange
-	}
-	if out.Source == "" {
-		out.Source = cloudevents.DefaultSource
-	}
-	if out.MaxMessageBytes == 0 {
-		out.MaxMessageBytes = DefaultMaxMessageBytes
-	}
+	config.Default(&out.Exchange, DefaultExchange)
+	config.Default(&out.Source, cloudevents.DefaultSource)
+	config.Default(&out.MaxMessageBytes, DefaultMaxMessageBytes)
 	return &out
 }
 

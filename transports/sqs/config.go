@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/txoutbox/outbox/cloudevents"
+	"github.com/txoutbox/outbox/internal/config"
 )
 
 const (
@@ -66,15 +67,9 @@ func (c *SenderConfig) WithDefaults() *SenderConfig {
 		out = *c
 		out.Routes = maps.Clone(c.Routes)
 	}
-	if out.Source == "" {
-		out.Source = cloudevents.DefaultSource
-	}
-	if out.MaxMessageBytes == 0 {
-		out.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if out.MaxConcurrentCalls == 0 {
-		out.MaxConcurrentCalls = DefaultMaxConcurrentCalls
-	}
+	config.Default(&out.Source, cloudevents.DefaultSource)
+	config.Default(&out.MaxMessageBytes, DefaultMaxMessageBytes)
+	config.Default(&out.MaxConcurrentCalls, DefaultMaxConcurrentCalls)
 	return &out
 }
 
@@ -136,9 +131,7 @@ func (c *ReceiverConfig) WithDefaults() *ReceiverConfig {
 	if c != nil {
 		out = *c
 	}
-	if out.WaitTime == 0 {
-		out.WaitTime = DefaultWaitTime
-	}
+	config.Default(&out.WaitTime, DefaultWaitTime)
 	return &out
 }
 
