@@ -290,9 +290,16 @@ func (r *Relay) validate(ctx context.Context) error {
 			availability.Pause(ctx, wait, back)
 			continue
 		}
+		turn := r.turns != nil && !probe // in a Group, as a claim (see loop)
+		if turn && !r.turns.acquire(ctx) {
+			continue // ctx ended
+		}
 		vctx, cancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
 		err := v.Validate(vctx)
 		cancel()
+		if turn {
+			r.turns.release()
+		}
 		switch {
 		case err == nil:
 			r.database.OK(ctx, probe)
