@@ -623,3 +623,110 @@ func TestManyOutboxesOneRelay(t *testing.T) {
 			len(ratios), ratios[len(ratios)/2], ratios[len(ratios)-1], worst)
 	}
 }
+
+// BenchmarkManyOutboxes measures what a flooded outbox and a stopped database cost the
+// other outboxes of one relay.Group: the setting of TestManyOutboxesOneRelay (52 outboxes,
+// 3 databases, 51 quiet producers at 20 events/s each). Each quiet outbox's p99 commit →
+// send latency is measured first with the flooded outbox idle and every database up (its
+// solo value), then while 200,000 events flood the one and the private server is stopped
+// for the rest of the flood; it reports the median and the worst ratio of the two (target
+// ≤ 2), both p99s' medians, the flood's drain rate, and the most connections the group held
+// to the shared database. alone_p99_ms is one quiet outbox's p99 in a group of its own, for
+// reference.
+func BenchmarkManyOutboxes(b *testing.B) {
+	// For reference: one quiet outbox in a group of its own.
+	alone := func() time.Duration {
+		db := openManyDB(b, pgxtest.URL())
+		o := newManyOutbox(b, "alone", db)
+		g, err := relay.NewGroup(&relay.GroupConfig{Logger: quietLogger()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		store, err := o.o.NewStore(db.relay)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := g.Add(relay.Outbox{Name: o.name, Store: store, Sender: o.sink, Config: &relay.Config{Logger: quietLogger()}}); err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		var failures atomic.Int64
+		pctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { o.producer(pctx, manyInterval, &pause{}, &failures) })
+		outboxtest.WaitFor(b, 30*time.Second, "10 events", func() bool { return o.sink.count() >= 10 })
+		from := time.Now()
+		outboxtest.WaitFor(b, 60*time.Second, "100 events", func() bool { return len(o.latencies(from, time.Now())) >= 100 })
+		to := time.Now()
+		stop()
+		wg.Wait()
+		cancel()
+		<-done
+		return p99(o.latencies(from, to))
+	}()
+
+	r := newManyRun(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runDone := make(chan error, 1)
+	go func() { runDone <- r.group.Run(ctx) }()
+	prodCtx, stopProducers := context.WithCancel(ctx)
+	waitProducers := r.startProducers(prodCtx)
+	defer func() { stopProducers(); waitProducers() }()
+	b.ResetTimer()
+
+	solo0, solo1 := r.soloWindow()
+	const floodSize = 200_000
+	flooded, private := r.outboxes[0], r.outboxes[len(r.outboxes)-1]
+	flood0 := time.Now()
+	r.flood(ctx, floodSize, func(n int) {
+		if n == 50_000 {
+			r.paused[private.name].Pause()
+			if err := r.server.Stop(); err != nil {
+				b.Error(err)
+			}
+		}
+	})
+	r.waitFor(5*time.Minute, "the flood to be delivered", func() bool { return flooded.sink.count() >= floodSize })
+	flood1 := time.Now()
+	b.StopTimer()
+
+	if err := r.server.Start(); err != nil {
+		b.Fatal(err)
+	}
+	r.paused[private.name].Resume()
+	stopProducers()
+	waitProducers()
+	for _, o := range r.outboxes {
+		r.waitFor(60*time.Second, "outbox "+o.name+" to deliver everything committed", o.delivered)
+	}
+	cancel()
+	if err := <-runDone; err != nil {
+		b.Fatal(err)
+	}
+	for _, o := range r.outboxes {
+		o.check(b)
+	}
+	ratios, worst := r.ratios(solo0, solo1, flood0, flood1, private.name)
+	if len(ratios) == 0 {
+		b.Fatal("no latency measured")
+	}
+	var solos, floods []time.Duration
+	for _, o := range r.quiet()[:len(r.quiet())-1] {
+		solos = append(solos, p99(o.latencies(solo0, solo1)))
+		floods = append(floods, p99(o.latencies(flood0, flood1)))
+	}
+	slices.Sort(solos)
+	slices.Sort(floods)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.Logf("worst: %s", worst)
+	b.ReportMetric(ratios[len(ratios)/2], "p99_ratio_median")
+	b.ReportMetric(ratios[len(ratios)-1], "p99_ratio_max")
+	b.ReportMetric(ms(solos[len(solos)/2]), "solo_p99_ms")
+	b.ReportMetric(ms(floods[len(floods)/2]), "flooded_p99_ms")
+	b.ReportMetric(ms(alone), "alone_p99_ms")
+	b.ReportMetric(floodSize/flood1.Sub(flood0).Seconds(), "flood_events/s")
+	b.ReportMetric(float64(r.shared.mostHeld.Load()), "max_conns")
+}
