@@ -375,7 +375,7 @@ const (
 	manyInterval = 50 * time.Millisecond // each quiet outbox: 20 events/s
 )
 
-func newManyRun(tb testing.TB) *manyRun {
+func newManyRun(tb testing.TB, maxCycles int) *manyRun {
 	r := &manyRun{tb: tb, paused: map[string]*pause{}}
 	pgxtest.RequireServer(tb, pgxtest.URL())
 	r.server = pgxtest.StartServer(tb)
@@ -409,7 +409,7 @@ func newManyRun(tb testing.TB) *manyRun {
 	if tb.Failed() {
 		tb.FailNow()
 	}
-	g, err := relay.NewGroup(&relay.GroupConfig{Name: "many", Logger: quietLogger()})
+	g, err := relay.NewGroup(&relay.GroupConfig{Name: "many", MaxCycles: maxCycles, Logger: quietLogger()})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func TestManyOutboxesOneRelay(t *testing.T) {
 	if testing.Short() {
 		t.Skip("200,000 events")
 	}
-	r := newManyRun(t)
+	r := newManyRun(t, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	runDone := make(chan error, 1)
@@ -634,11 +634,16 @@ func TestManyOutboxesOneRelay(t *testing.T) {
 // to the shared database. alone_p99_ms is one quiet outbox's p99 in a group of its own, for
 // reference.
 func BenchmarkManyOutboxes(b *testing.B) {
+	b.Run("max_cycles=8", func(b *testing.B) { benchManyOutboxes(b, 8) })   // the default
+	b.Run("max_cycles=64", func(b *testing.B) { benchManyOutboxes(b, 64) }) // more than the outboxes' loops: no limit
+}
+
+func benchManyOutboxes(b *testing.B, maxCycles int) {
 	// For reference: one quiet outbox in a group of its own.
 	alone := func() time.Duration {
 		db := openManyDB(b, pgxtest.URL())
 		o := newManyOutbox(b, "alone", db)
-		g, err := relay.NewGroup(&relay.GroupConfig{Logger: quietLogger()})
+		g, err := relay.NewGroup(&relay.GroupConfig{MaxCycles: maxCycles, Logger: quietLogger()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -667,7 +672,7 @@ func BenchmarkManyOutboxes(b *testing.B) {
 		return p99(o.latencies(from, to))
 	}()
 
-	r := newManyRun(b)
+	r := newManyRun(b, maxCycles)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	runDone := make(chan error, 1)
@@ -724,6 +729,19 @@ func BenchmarkManyOutboxes(b *testing.B) {
 	b.Logf("worst: %s", worst)
 	b.ReportMetric(ratios[len(ratios)/2], "p99_ratio_median")
 	b.ReportMetric(ratios[len(ratios)-1], "p99_ratio_max")
+	var solo50, flood50 []time.Duration
+	for _, o := range r.quiet()[:len(r.quiet())-1] {
+		if l := o.latencies(solo0, solo1); len(l) > 0 {
+			solo50 = append(solo50, l[len(l)/2])
+		}
+		if l := o.latencies(flood0, flood1); len(l) > 0 {
+			flood50 = append(flood50, l[len(l)/2])
+		}
+	}
+	slices.Sort(solo50)
+	slices.Sort(flood50)
+	b.ReportMetric(ms(solo50[len(solo50)/2]), "solo_p50_ms")
+	b.ReportMetric(ms(flood50[len(flood50)/2]), "flooded_p50_ms")
 	b.ReportMetric(ms(solos[len(solos)/2]), "solo_p99_ms")
 	b.ReportMetric(ms(floods[len(floods)/2]), "flooded_p99_ms")
 	b.ReportMetric(ms(alone), "alone_p99_ms")

@@ -20,7 +20,7 @@ import (
 )
 
 func (a *app) relay(ctx context.Context, args []string) error {
-	fs := a.flags("relay", "--transport URL [--route TYPE=DEST]... [flags]")
+	fs := a.flags("relay", "--transport URL [--route TYPE=DEST]... [flags] | --config FILE [flags]")
 	var f dbFlags
 	f.add(a, fs)
 	transportURL := new(string)
