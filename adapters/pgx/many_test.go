@@ -368,6 +368,10 @@ type manyRun struct {
 	group    *relay.Group
 	paused   map[string]*pause
 	failures atomic.Int64
+
+	cancel        context.CancelFunc // ends Run
+	runDone       chan error
+	stopProducers func() // stops them and waits
 }
 
 const (
@@ -418,6 +422,56 @@ func newManyRun(tb testing.TB, maxCycles int) *manyRun {
 		r.add(o)
 	}
 	return r
+}
+
+// start runs the group and the quiet producers until finish (or the test's end).
+func (r *manyRun) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	r.runDone = make(chan error, 1)
+	go func() { r.runDone <- r.group.Run(ctx) }()
+	prodCtx, stopProducers := context.WithCancel(ctx)
+	wait := r.startProducers(prodCtx)
+	r.stopProducers = func() { stopProducers(); wait() }
+	r.tb.Cleanup(func() { r.stopProducers(); cancel() })
+}
+
+// floodAndStop publishes the flood of n events to the flooded outbox and, once 50,000 are
+// in, stops the private server (its producer paused first); it returns when the flood is
+// committed, with when the server stopped.
+func (r *manyRun) floodAndStop(n int) (stoppedAt time.Time) {
+	private := r.privateOutbox()
+	r.flood(context.Background(), n, func(done int) {
+		if done == 50_000 {
+			r.paused[private.name].Pause()
+			if err := r.server.Stop(); err != nil {
+				r.tb.Error(err)
+			}
+			stoppedAt = time.Now()
+		}
+	})
+	return stoppedAt
+}
+
+// privateOutbox is the outbox on the private server.
+func (r *manyRun) privateOutbox() *manyOutbox { return r.outboxes[len(r.outboxes)-1] }
+
+// finish stops the producers, waits until every outbox (and extra) delivered what was
+// committed, stops the group, and checks every outbox's guarantees.
+func (r *manyRun) finish(extra ...*manyOutbox) {
+	r.tb.Helper()
+	r.stopProducers()
+	all := append(append([]*manyOutbox{}, r.outboxes...), extra...)
+	for _, o := range all {
+		r.waitFor(60*time.Second, "outbox "+o.name+" to deliver everything committed", o.delivered)
+	}
+	r.cancel()
+	if err := <-r.runDone; err != nil {
+		r.tb.Fatal(err)
+	}
+	for _, o := range all {
+		o.check(r.tb)
+	}
 }
 
 // add adds o to the group.
@@ -528,32 +582,15 @@ func TestManyOutboxesOneRelay(t *testing.T) {
 		t.Skip("200,000 events")
 	}
 	r := newManyRun(t, 0)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	runDone := make(chan error, 1)
-	go func() { runDone <- r.group.Run(ctx) }()
-	prodCtx, stopProducers := context.WithCancel(ctx)
-	waitProducers := r.startProducers(prodCtx)
-	defer func() { stopProducers(); waitProducers() }()
-
+	r.start()
+	ctx := context.Background()
 	solo0, solo1 := r.soloWindow()
 
 	// The flood, and mid-flood the private server stops.
 	const floodSize = 200_000
-	flooded := r.outboxes[0]
-	private := r.outboxes[len(r.outboxes)-1]
-	stopped := make(chan time.Time, 1)
+	flooded, private := r.outboxes[0], r.privateOutbox()
 	flood0 := time.Now()
-	r.flood(ctx, floodSize, func(n int) {
-		if n == 50_000 {
-			r.paused[private.name].Pause()
-			if err := r.server.Stop(); err != nil {
-				t.Error(err)
-			}
-			stopped <- time.Now()
-		}
-	})
-	stopAt := <-stopped
+	stopAt := r.floodAndStop(floodSize)
 	r.waitFor(30*time.Second, "the private server's outbox to see its database down", func() bool {
 		s, _ := r.group.State(private.name)
 		return !s.DatabaseUnavailableSince.IsZero()
@@ -600,18 +637,7 @@ func TestManyOutboxesOneRelay(t *testing.T) {
 	r.paused[private.name].Resume()
 	r.waitFor(60*time.Second, "the private server's outbox to deliver again", func() bool { return private.deliveredAfter(back) })
 
-	stopProducers()
-	waitProducers()
-	for _, o := range append(r.outboxes, added) {
-		r.waitFor(60*time.Second, "outbox "+o.name+" to deliver everything committed", o.delivered)
-	}
-	cancel()
-	if err := <-runDone; err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range append(r.outboxes, added) {
-		o.check(t)
-	}
+	r.finish(added)
 	if most := r.shared.mostHeld.Load(); most > 8 {
 		t.Errorf("the group held %d connections of the shared database at once; MaxCycles is 8", most)
 	}
@@ -673,27 +699,13 @@ func benchManyOutboxes(b *testing.B, maxCycles int) {
 	}()
 
 	r := newManyRun(b, maxCycles)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	runDone := make(chan error, 1)
-	go func() { runDone <- r.group.Run(ctx) }()
-	prodCtx, stopProducers := context.WithCancel(ctx)
-	waitProducers := r.startProducers(prodCtx)
-	defer func() { stopProducers(); waitProducers() }()
+	r.start()
 	b.ResetTimer()
-
 	solo0, solo1 := r.soloWindow()
 	const floodSize = 200_000
-	flooded, private := r.outboxes[0], r.outboxes[len(r.outboxes)-1]
+	flooded, private := r.outboxes[0], r.privateOutbox()
 	flood0 := time.Now()
-	r.flood(ctx, floodSize, func(n int) {
-		if n == 50_000 {
-			r.paused[private.name].Pause()
-			if err := r.server.Stop(); err != nil {
-				b.Error(err)
-			}
-		}
-	})
+	r.floodAndStop(floodSize)
 	r.waitFor(5*time.Minute, "the flood to be delivered", func() bool { return flooded.sink.count() >= floodSize })
 	flood1 := time.Now()
 	b.StopTimer()
@@ -702,18 +714,7 @@ func benchManyOutboxes(b *testing.B, maxCycles int) {
 		b.Fatal(err)
 	}
 	r.paused[private.name].Resume()
-	stopProducers()
-	waitProducers()
-	for _, o := range r.outboxes {
-		r.waitFor(60*time.Second, "outbox "+o.name+" to deliver everything committed", o.delivered)
-	}
-	cancel()
-	if err := <-runDone; err != nil {
-		b.Fatal(err)
-	}
-	for _, o := range r.outboxes {
-		o.check(b)
-	}
+	r.finish()
 	ratios, worst := r.ratios(solo0, solo1, flood0, flood1, private.name)
 	if len(ratios) == 0 {
 		b.Fatal("no latency measured")
