@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/outbox/relay"
 )
 
@@ -68,17 +69,6 @@ func groupConfig() *relay.Config {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestGroupServesManyOutboxesWithinMaxCycles: ten outboxes of four loops each deliver
 // everything while the group never runs more than MaxCycles sends at once; an outbox
 // added while the group runs is served, one removed stops (its Run returned when Remove
@@ -113,7 +103,7 @@ func TestGroupServesManyOutboxesWithinMaxCycles(t *testing.T) {
 	go func() { done <- g.Run(ctx) }()
 	for i := range 10 {
 		name := fmt.Sprintf("tenant-%d", i)
-		waitFor(t, name+" delivered", func() bool { return sender.count(name) == per })
+		outboxtest.WaitFor(t, 20*time.Second, name+" delivered", func() bool { return sender.count(name) == per })
 	}
 	if most := sender.most.Load(); most > 3 {
 		t.Errorf("%d sends ran at once; MaxCycles is 3", most)
@@ -123,7 +113,7 @@ func TestGroupServesManyOutboxesWithinMaxCycles(t *testing.T) {
 	if err := g.Add(relay.Outbox{Name: "late", Store: late, Sender: sender, Config: groupConfig()}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the outbox added while running delivered", func() bool { return sender.count("late") == per })
+	outboxtest.WaitFor(t, 20*time.Second, "the outbox added while running delivered", func() bool { return sender.count("late") == per })
 	if s, ok := g.State("late"); !ok || !s.Running || !s.Healthy() {
 		t.Errorf("State(late) = %+v, %v; want running and healthy", s, ok)
 	}
@@ -141,7 +131,7 @@ func TestGroupServesManyOutboxesWithinMaxCycles(t *testing.T) {
 	// removed one's store sees no claim.
 	claims := func(s *listStore) int { _, _, _, limits, _ := s.snapshot(); return len(limits) }
 	before, other := claims(late), claims(tenant0)
-	waitFor(t, "20 more polls of tenant-0", func() bool { return claims(tenant0) >= other+20 })
+	outboxtest.WaitFor(t, 20*time.Second, "20 more polls of tenant-0", func() bool { return claims(tenant0) >= other+20 })
 	if n := claims(late); n != before {
 		t.Errorf("a removed outbox's relay went on claiming: %d claims after Remove", n-before)
 	}
@@ -192,8 +182,8 @@ func TestGroupOutboxFailsAlone(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	waitFor(t, "a and b delivered", func() bool { return sender.count("a") == 300 && sender.count("b") == 300 })
-	waitFor(t, "unmigrated stopped", func() bool { s, _ := g.State("unmigrated"); return s.Stopped != nil })
+	outboxtest.WaitFor(t, 20*time.Second, "a and b delivered", func() bool { return sender.count("a") == 300 && sender.count("b") == 300 })
+	outboxtest.WaitFor(t, 20*time.Second, "unmigrated stopped", func() bool { s, _ := g.State("unmigrated"); return s.Stopped != nil })
 	if s, _ := g.State("unmigrated"); !errors.Is(s.Stopped, outbox.ErrSchema) || s.Running || s.Healthy() {
 		t.Errorf("State(unmigrated) = %+v, want stopped with ErrSchema", s)
 	}
