@@ -208,19 +208,22 @@ func (g *Group) start(m *member) {
 func (g *Group) Remove(ctx context.Context, name string) error {
 	g.mu.Lock()
 	m, ok := g.members[name]
+	var cancel context.CancelFunc
+	var done chan struct{}
 	if ok {
 		delete(g.members, name)
+		cancel, done = m.cancel, m.done
 	}
 	g.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrUnknownOutbox, cut(name))
 	}
-	if m.cancel == nil {
-		return nil // it never ran
+	if cancel == nil {
+		return nil // it does not run
 	}
-	m.cancel()
+	cancel()
 	select {
-	case <-m.done:
+	case <-done:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("relay: removing outbox %q: %w", name, ctx.Err())
