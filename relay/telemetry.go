@@ -32,6 +32,7 @@ type relayTelemetry struct {
 	retryLog telemetry.LogLimiter
 
 	sentSets, durationSets, latencySets, deadSets *telemetry.Sets
+	claimedOpts                                   []metric.RecordOption // the batch size's attributes
 }
 
 var sendSpanKind = trace.WithSpanKind(trace.SpanKindProducer)
@@ -72,6 +73,9 @@ func (t *relayTelemetry) init(cfg *Config, sender outbox.Sender) {
 		}
 		return kv
 	}
+	if cfg.outbox != "" {
+		t.claimedOpts = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(telemetry.OutboxKey.String(cfg.outbox)))}
+	}
 	t.sentSets = telemetry.NewSets(send)
 	t.durationSets = telemetry.NewSets(send)
 	t.latencySets = telemetry.NewSets(base)
@@ -91,7 +95,7 @@ func (t *relayTelemetry) destination(m outbox.Message) string {
 // claimed records the size of a non-empty claim.
 func (t *relayTelemetry) claimed(ctx context.Context, n int) {
 	if t.inst.BatchSize.Enabled(ctx) {
-		t.inst.BatchSize.Record(ctx, int64(n))
+		t.inst.BatchSize.Record(ctx, int64(n), t.claimedOpts...)
 	}
 }
 

@@ -23,8 +23,10 @@ import (
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest/oteltest"
 	"github.com/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/outbox/relay"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 // tick is the event of the many-outboxes tests: the N-th event of key K (from 1).
@@ -748,4 +750,92 @@ func benchManyOutboxes(b *testing.B, maxCycles int) {
 	b.ReportMetric(ms(alone), "alone_p99_ms")
 	b.ReportMetric(floodSize/flood1.Sub(flood0).Seconds(), "flood_events/s")
 	b.ReportMetric(float64(r.shared.mostHeld.Load()), "max_conns")
+}
+
+// silentBroker is a Sender whose broker answers no send until gate closes.
+type silentBroker chan struct{}
+
+func (b silentBroker) Send(ctx context.Context, _ []outbox.Message) error {
+	select {
+	case <-b:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestGroupMetricsPerOutbox: in a relay.Group, every metric of an outbox's relay carries
+// txoutbox.outbox = its name in the group — sent messages, latency, batch sizes, the backlog
+// gauge and the unavailability gauge — so that one MeterProvider serves them all.
+func TestGroupMetricsPerOutbox(t *testing.T) {
+	t.Parallel()
+	mp, reader := oteltest.Metrics(t)
+	g, err := relay.NewGroup(&relay.GroupConfig{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := outboxmemory.New(nil)
+	sent := map[string]int{"acme": 3, "globex": 2}
+	for name, n := range sent {
+		o := pgxtest.New(t, "outboxpgx_groupmetrics")
+		for range n {
+			o.Commit(t, outbox.New(outboxtest.Note{Text: name}))
+		}
+		if err := g.Add(relay.Outbox{Name: name, Store: o.Store(t), Sender: queue, Config: &relay.Config{MeterProvider: mp}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// "stuck": its broker never answers, so its event stays in its backlog and its broker
+	// turns unavailable.
+	gate := make(chan struct{})
+	stuckQueue := silentBroker(gate)
+	stuck := pgxtest.New(t, "outboxpgx_groupmetrics")
+	stuck.Commit(t, outbox.New(outboxtest.Note{Text: "stuck"}))
+	if err := g.Add(relay.Outbox{Name: "stuck", Store: stuck.Store(t), Sender: stuckQueue,
+		Config: &relay.Config{MeterProvider: mp, Lease: 2 * time.Second, Logger: quietLogger()}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	defer func() {
+		close(gate)
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	outboxtest.WaitFor(t, 30*time.Second, "stuck's broker to be unavailable", func() bool {
+		return reader.Collect().Value("txoutbox.relay.unavailable", "txoutbox.outbox=stuck", "txoutbox.component=broker") > 0
+	})
+	if got := reader.Collect().Value("txoutbox.outbox.backlog", "txoutbox.outbox=stuck"); got != 1 {
+		t.Errorf("txoutbox.outbox.backlog of stuck = %v, want 1", got)
+	}
+	outboxtest.WaitFor(t, 30*time.Second, "every event sent", func() bool {
+		snap := reader.Collect()
+		for name, n := range sent {
+			if snap.Value("messaging.client.sent.messages", "txoutbox.outbox="+name) != float64(n) {
+				return false
+			}
+		}
+		return true
+	})
+	snap := reader.Collect()
+	for name, n := range sent {
+		if got := snap.Value("txoutbox.relay.latency", "txoutbox.outbox="+name); got != float64(n) {
+			t.Errorf("txoutbox.relay.latency of %s counts %v, want %d", name, got, n)
+		}
+		if got := snap.Value("txoutbox.relay.batch.size", "txoutbox.outbox="+name); got < 1 {
+			t.Errorf("txoutbox.relay.batch.size of %s counts %v claims, want some", name, got)
+		}
+		if got := snap.Value("txoutbox.outbox.backlog", "txoutbox.outbox="+name); got != 0 {
+			t.Errorf("txoutbox.outbox.backlog of %s = %v, want 0 (delivered)", name, got)
+		}
+		if got := snap.Value("txoutbox.relay.unavailable", "txoutbox.outbox="+name, "txoutbox.component=database"); got != 0 {
+			t.Errorf("txoutbox.relay.unavailable of %s's database = %v, want 0", name, got)
+		}
+	}
+	if !slices.Contains(snap.Names(), "txoutbox.relay.unavailable") {
+		t.Errorf("no txoutbox.relay.unavailable gauge among %v", snap.Names())
+	}
 }
