@@ -16,7 +16,8 @@ import (
 
 // TestRelayConfigFile: `outbox relay --config FILE` serves the outboxes of the file —
 // two schemas of one PostgreSQL database (one connection pool) and a SQLite file — in one
-// process; /readyz counts them and /outboxes names them; SIGHUP reads the file again,
+// process, an outbox whose database is down left out at start; /readyz counts them and
+// /outboxes names them; SIGHUP reads the file again,
 // removing, adding and keeping outboxes, and a broken file changes nothing; the database
 // password, given through the environment, is printed nowhere; SIGTERM exits 0.
 func TestRelayConfigFile(t *testing.T) {
@@ -55,7 +56,10 @@ func TestRelayConfigFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write(spec("tenant-a", pgA, true), spec("tenant-b", pgB, true), spec("local", lite, false))
+	// "down": a database nobody listens at. It is left out at start; the others run.
+	const downPassword = "d0wn-Pa55word"
+	down := map[string]any{"name": "down", "transport": "memory://", "database_url": "postgres://postgres:" + downPassword + "@127.0.0.1:1/test?connect_timeout=2"}
+	write(spec("tenant-a", pgA, true), spec("tenant-b", pgB, true), spec("local", lite, false), down)
 
 	d := startDaemon(t, []string{"TENANTS_PG_URL=" + withPassword, "OUTBOX_DATABASE_URL=", "OUTBOX_TRANSPORT_URL="},
 		"relay", "--config", path, "--listen", "127.0.0.1:0", "--name", "cli-group")
@@ -117,7 +121,10 @@ func TestRelayConfigFile(t *testing.T) {
 	if delivered(stale)() {
 		t.Error("an event of the removed tenant-b was delivered")
 	}
-	if strings.Contains(d.stderr(), password) {
+	if !strings.Contains(d.stderr(), `msg="outbox not started" outbox=down`) {
+		t.Errorf("the outbox whose database is down was not reported:\n%s", cut(d.stderr(), 3000))
+	}
+	if strings.Contains(d.stderr(), password) || strings.Contains(d.stderr(), downPassword) {
 		t.Errorf("the password was printed:\n%s", d.stderr())
 	}
 	if n := len(regexp.MustCompile(`msg="outbox added"`).FindAllString(d.stderr(), -1)); n != 4 {
