@@ -484,7 +484,10 @@ func (r *manyRun) add(o *manyOutbox) {
 	}
 	// A short lease on the private server: the batches it held when it stopped are
 	// claimable soon after it is back.
-	cfg := &relay.Config{Lease: 3 * time.Second, MaxUnavailableBackoff: time.Second, Logger: quietLogger()}
+	cfg := &relay.Config{MaxUnavailableBackoff: time.Second, Logger: quietLogger()}
+	if o.db == r.private {
+		cfg.Lease = 3 * time.Second
+	}
 	if err := r.group.Add(relay.Outbox{Name: o.name, Store: store, Sender: o.sink, Config: cfg}); err != nil {
 		r.tb.Fatal(err)
 	}
