@@ -543,7 +543,7 @@ func (r *manyRun) ratios(solo0, solo1, flood0, flood1 time.Time, skip ...string)
 		ratio := float64(busy) / float64(solo)
 		ratios = append(ratios, ratio)
 		if ratio > worstRatio {
-			worstRatio, worst = ratio, fmt.Sprintf("%s: p99 %v alone, %v beside the flood (%.2f×)", o.name, solo, busy, ratio)
+			worstRatio, worst = ratio, fmt.Sprintf("%s: p99 %v before the flood, %v beside it (%.2f×)", o.name, solo, busy, ratio)
 		}
 	}
 	sort.Float64s(ratios)
