@@ -136,7 +136,7 @@ func (f *filterFlags) describe() string {
 }
 
 var kinds = []deadletter.Kind{deadletter.KindGaveUp, deadletter.KindPermanent, deadletter.KindTooLarge,
-	deadletter.KindUnreadableRow, deadletter.KindMalformed, deadletter.KindUnknownType, deadletter.KindUndecodable}
+	deadletter.KindUnreadableRow, deadletter.KindMalformed, deadletter.KindUnknownType, deadletter.KindUndecodable, deadletter.KindBlobMissing}
 
 func joinKinds() string {
 	s := make([]string, len(kinds))
