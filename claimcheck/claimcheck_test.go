@@ -285,7 +285,9 @@ func TestResolve(t *testing.T) {
 
 type unreachable struct{ claimcheck.BlobStore }
 
-func (unreachable) Get(context.Context, string) ([]byte, error) { return nil, errors.New("connection refused") }
+func (unreachable) Get(context.Context, string) ([]byte, error) {
+	return nil, errors.New("connection refused")
+}
 
 // TestResolveStoreDown: a store that cannot be read is not the message's fault.
 func TestResolveStoreDown(t *testing.T) {
