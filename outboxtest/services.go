@@ -35,6 +35,18 @@ func AzuriteConnString() string {
 	return envOr("TXOUTBOX_AZURITE_CONN", AzuriteDevConnString(10001))
 }
 
+// AzuriteBlobConnString is $TXOUTBOX_AZURITE_BLOB_CONN or the local Azurite's blob service
+// (127.0.0.1:10000) with the well-known development account.
+func AzuriteBlobConnString() string {
+	return envOr("TXOUTBOX_AZURITE_BLOB_CONN", "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"+
+		"AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"+
+		"BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;")
+}
+
+// S3Endpoint is $TXOUTBOX_S3_ENDPOINT or the local S3 emulator (moto_server; path-style
+// addressing, any credentials).
+func S3Endpoint() string { return envOr("TXOUTBOX_S3_ENDPOINT", "http://127.0.0.1:5000") }
+
 // AzuriteDevConnString is the connection string of an Azurite queue service on
 // 127.0.0.1:port with the well-known development account: for a private Azurite a test
 // starts itself (outboxtest.StartNodeProcess).
