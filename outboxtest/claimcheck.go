@@ -219,6 +219,7 @@ func ExerciseClaimCheck(t *testing.T, newFixture func(t *testing.T) *PipelineFix
 		r := newClaimCheckRig(t, newFixture(t), 0)
 		big := outbox.New(Note{Text: strings.Repeat("x", 2<<20)}, outbox.WithKey("file-2"))
 		r.publishAndRelay(big)
+		t.Logf("the transport took the 2 MiB event %s", map[bool]string{true: "by reference", false: "whole"}[len(r.blobs()) == 1])
 		r.consume(func() bool { return r.handled(big.ID) == 1 })
 		if got := r.payload(big.ID); got != big.Payload.Text {
 			t.Fatalf("handled a %d-byte text, want the %d bytes published", len(got), len(big.Payload.Text))
