@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azqueue/v2"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/internal/readmetest"
@@ -20,6 +21,7 @@ func TestREADME(t *testing.T) {
 	defer cancel()
 	pgxtest.RequireServer(t, cfg.PGURL)
 	outboxtest.RequireService(t, "Azure Queue Storage (Azurite)", pingAzure(ctx, cfg.AzureConn))
+	outboxtest.RequireService(t, "Azure Blob Storage (Azurite)", pingBlobs(ctx, cfg.AzureBlobConn))
 
 	var out strings.Builder
 	if err := run(ctx, &out, cfg); err != nil {
@@ -28,6 +30,17 @@ func TestREADME(t *testing.T) {
 	if want := readmetest.Output(t, "README.md", "<!-- output -->"); out.String() != want {
 		t.Errorf("the example's output differs from README.md's\n--- got:\n%s--- README.md:\n%s", out.String(), want)
 	}
+}
+
+func pingBlobs(ctx context.Context, conn string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	client, err := azblob.NewClientFromConnectionString(conn, nil)
+	if err != nil {
+		return err
+	}
+	_, err = client.NewListContainersPager(nil).NextPage(ctx)
+	return err
 }
 
 func pingAzure(ctx context.Context, conn string) error {
