@@ -215,24 +215,6 @@ func TestLimiterIsTheDefaultThreshold(t *testing.T) {
 	}
 }
 
-type memoryDLQ struct {
-	mu      sync.Mutex
-	entries []deadletter.Entry
-}
-
-func (d *memoryDLQ) Add(_ context.Context, e deadletter.Entry) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.entries = append(d.entries, e)
-	return nil
-}
-
-func (d *memoryDLQ) all() []deadletter.Entry {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]deadletter.Entry(nil), d.entries...)
-}
-
 // TestResolve: the consumer's handler sees the body; a missing blob, or a reference to
 // another store, is a dead letter of kind blob-missing whose reason names the reference
 // and never holds the body.
@@ -248,7 +230,7 @@ func TestResolve(t *testing.T) {
 	if err := store.Delete(context.Background(), claimcheck.Key(gone.ID)); err != nil {
 		t.Fatal(err)
 	}
-	dlq := &memoryDLQ{}
+	dlq := &outboxtest.DeadLetters{}
 	c, err := consumer.New(q, &consumer.Config{Name: "test", DeadLetters: dlq, Middleware: []consumer.Middleware{claimcheck.Resolve(store)}})
 	if err != nil {
 		t.Fatal(err)
@@ -267,7 +249,7 @@ func TestResolve(t *testing.T) {
 	outboxtest.WaitFor(t, 10*time.Second, "one handled and two dead letters", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(got) == 1 && len(dlq.all()) == 2
+		return len(got) == 1 && len(dlq.Entries()) == 2
 	})
 	cancel()
 	if err := <-done; err != nil {
@@ -276,7 +258,7 @@ func TestResolve(t *testing.T) {
 	if got[0].ID != fine.ID || len(got[0].Payload.Text) != 5000 || got[0].Headers[claimcheck.Header] != "" {
 		t.Fatalf("handled %s with %d bytes of text and dataref %q, want %s with 5000 and none", got[0].ID, len(got[0].Payload.Text), got[0].Headers[claimcheck.Header], fine.ID)
 	}
-	for _, e := range dlq.all() {
+	for _, e := range dlq.Entries() {
 		if e.Kind != deadletter.KindBlobMissing || !strings.Contains(e.Reason, e.Message.Headers[claimcheck.Header]) || strings.Contains(e.Reason, "xxxx") {
 			t.Errorf("dead letter %s: kind %q, reason %q; want blob-missing naming the reference", e.Message.ID, e.Kind, e.Reason)
 		}

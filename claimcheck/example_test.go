@@ -10,6 +10,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/claimcheck"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/outboxtest"
 	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
@@ -47,7 +48,7 @@ func Example() {
 	fmt.Printf("on the broker: %d bytes of body, dataref %v\n", len(onWire.Body), strings.HasPrefix(onWire.Headers["dataref"], "file://"))
 
 	// The consumer's side: resolve references before handlers decode.
-	c, _ := consumer.New(broker, &consumer.Config{Name: "reports", DeadLetters: &memoryDLQ{}, // the adapter's table in production
+	c, _ := consumer.New(broker, &consumer.Config{Name: "reports", DeadLetters: &outboxtest.DeadLetters{}, // the adapter's table in production
 		Middleware: []consumer.Middleware{claimcheck.Resolve(store)}})
 	got := make(chan int, 1)
 	consumer.Handle(c, func(ctx context.Context, e outbox.Event[Report]) error {

@@ -137,24 +137,10 @@ func (s *sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if len(again) == 0 {
 		return err
 	}
-	retry := make([]outbox.Message, len(again))
-	for j, i := range again {
-		retry[j] = out[i]
+	for _, i := range again {
 		delete(be.Failed, i)
 	}
-	rerr := s.next.Send(ctx, retry)
-	var rbe *outbox.BatchError
-	switch {
-	case rerr == nil:
-	case errors.As(rerr, &rbe):
-		for j, e := range rbe.Failed {
-			be.Failed[again[j]] = e
-		}
-	default:
-		for _, i := range again {
-			be.Failed[i] = rerr
-		}
-	}
+	s.sendSome(ctx, out, again, be.Failed)
 	if len(be.Failed) == 0 {
 		return nil
 	}
@@ -194,7 +180,6 @@ func (s *sender) send(ctx context.Context, out []outbox.Message, failed map[int]
 	}
 	blocked := map[string]string{}
 	var idx []int
-	var sub []outbox.Message
 	for i, m := range out {
 		if _, ok := failed[i]; ok {
 			if m.Key != "" && blocked[m.Key] == "" {
@@ -207,24 +192,33 @@ func (s *sender) send(ctx context.Context, out []outbox.Message, failed map[int]
 			continue
 		}
 		idx = append(idx, i)
-		sub = append(sub, m)
 	}
-	if len(sub) > 0 {
-		err := s.next.Send(ctx, sub)
-		var be *outbox.BatchError
-		switch {
-		case err == nil:
-		case errors.As(err, &be):
-			for j, e := range be.Failed {
-				failed[idx[j]] = e
-			}
-		default:
-			for _, i := range idx {
-				failed[i] = err
-			}
-		}
+	if len(idx) > 0 {
+		s.sendSome(ctx, out, idx, failed)
 	}
 	return &outbox.BatchError{Failed: failed}
+}
+
+// sendSome sends the messages of out at indexes idx, in that order, and records each one
+// that failed in failed, by its index in out.
+func (s *sender) sendSome(ctx context.Context, out []outbox.Message, idx []int, failed map[int]error) {
+	sub := make([]outbox.Message, len(idx))
+	for j, i := range idx {
+		sub[j] = out[i]
+	}
+	err := s.next.Send(ctx, sub)
+	var be *outbox.BatchError
+	switch {
+	case err == nil:
+	case errors.As(err, &be):
+		for j, e := range be.Failed {
+			failed[idx[j]] = e
+		}
+	default:
+		for _, i := range idx {
+			failed[i] = err
+		}
+	}
 }
 
 // offload puts m's body in the store and returns the message that refers to it.

@@ -249,35 +249,23 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 		return nil
 	})
 	report := func() error {
-		select {
-		case e := <-reports:
-			size, _ := json.Marshal(e.Payload)
-			fmt.Fprintf(stdout, "report: %s, %d rows", e.Payload.File, len(e.Payload.Rows))
-			if len(size) > 64<<10 {
-				n := 0
-				if err := blobs.List(ctx, func(claimcheck.Blob) bool { n++; return true }); err != nil {
-					return err
-				}
-				fmt.Fprintf(stdout, " (%d KiB of JSON, over Azure Queue's 64 KiB: it came as a claim check, %d blob in storage)", len(size)>>10, n)
+		e, err := receive(ctx, reports, "the report")
+		if err != nil {
+			return err
+		}
+		size, _ := json.Marshal(e.Payload)
+		fmt.Fprintf(stdout, "report: %s, %d rows", e.Payload.File, len(e.Payload.Rows))
+		if len(size) > 64<<10 {
+			n := 0
+			if err := blobs.List(ctx, func(claimcheck.Blob) bool { n++; return true }); err != nil {
+				return err
 			}
-			fmt.Fprintln(stdout)
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Second):
-			return errors.New("timed out waiting for the report")
+			fmt.Fprintf(stdout, " (%d KiB of JSON, over Azure Queue's 64 KiB: it came as a claim check, %d blob in storage)", len(size)>>10, n)
 		}
+		fmt.Fprintln(stdout)
+		return nil
 	}
-	next := func() (outbox.Event[ParseRequested], error) {
-		select {
-		case e := <-handled:
-			return e, nil
-		case <-ctx.Done():
-			return outbox.Event[ParseRequested]{}, ctx.Err()
-		case <-time.After(20 * time.Second):
-			return outbox.Event[ParseRequested]{}, errors.New("timed out waiting for the worker")
-		}
-	}
+	next := func() (outbox.Event[ParseRequested], error) { return receive(ctx, handled, "the worker") }
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
 	go func() { done <- rl.Run(runCtx) }()
@@ -431,6 +419,19 @@ func parseCSV(taskID string, content []byte) ([]Record, error) {
 		records = append(records, Record{TaskID: taskID, Item: l[0], Quantity: qty})
 	}
 	return records, nil
+}
+
+// receive returns the next value of ch, failing at ctx's end or after 20s.
+func receive[T any](ctx context.Context, ch <-chan T, what string) (T, error) {
+	var zero T
+	select {
+	case v := <-ch:
+		return v, nil
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	case <-time.After(20 * time.Second):
+		return zero, errors.New("timed out waiting for " + what)
+	}
 }
 
 // waitFor polls cond until it holds, failing at ctx's end or after 20s.

@@ -32,24 +32,28 @@ func TestREADME(t *testing.T) {
 	}
 }
 
+// pingBlobs and pingAzure list a container or a queue: the service answers.
 func pingBlobs(ctx context.Context, conn string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
 	client, err := azblob.NewClientFromConnectionString(conn, nil)
 	if err != nil {
 		return err
 	}
-	_, err = client.NewListContainersPager(nil).NextPage(ctx)
-	return err
+	return ping(ctx, func(ctx context.Context) error {
+		_, err := client.NewListContainersPager(nil).NextPage(ctx)
+		return err
+	})
 }
 
 func pingAzure(ctx context.Context, conn string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
 	client, err := azqueue.NewServiceClientFromConnectionString(conn, nil)
 	if err != nil {
 		return err
 	}
-	_, err = client.NewListQueuesPager(nil).NextPage(ctx)
-	return err
+	return ping(ctx, func(ctx context.Context) error { _, err := client.NewListQueuesPager(nil).NextPage(ctx); return err })
+}
+
+func ping(ctx context.Context, call func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return call(ctx)
 }
