@@ -317,23 +317,30 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	}
 	count := func(model any) (n int64) { db.Model(model).Count(&n); return n }
 
+	// parsed uploads a file the worker parses, and tells the story's reader: the upload, the
+	// task, the report of its rows.
+	parsed := func(name, content string) (outbox.Event[ParseRequested], error) {
+		status, _, err := upload(name, content)
+		if err != nil {
+			return outbox.Event[ParseRequested]{}, err
+		}
+		fmt.Fprintf(stdout, "POST /uploads?name=%s: %s\n", name, status)
+		e, err := next()
+		if err != nil {
+			return e, err
+		}
+		var task Task
+		if err := db.First(&task, "id = ?", e.Payload.TaskID).Error; err != nil {
+			return e, err
+		}
+		fmt.Fprintf(stdout, "worker: task %s, %d rows of %s parsed\n", task.Status, task.Rows, name)
+		return e, report()
+	}
+
 	// 1. An upload commits; the worker parses the file.
 	const sales = "item,quantity\napples,3\npears,5\nplums,2\n"
-	status, _, err := upload("sales.csv", sales)
+	first, err := parsed("sales.csv", sales)
 	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "POST /uploads?name=sales.csv: %s\n", status)
-	first, err := next()
-	if err != nil {
-		return err
-	}
-	var task Task
-	if err := db.First(&task, "id = ?", first.Payload.TaskID).Error; err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "worker: task %s, %d rows of sales.csv parsed\n", task.Status, task.Rows)
-	if err := report(); err != nil {
 		return err
 	}
 
@@ -376,21 +383,7 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	for i := range 3000 {
 		fmt.Fprintf(&inventory, "item-%04d,%d\n", i, i%50)
 	}
-	status, _, err = upload("inventory.csv", inventory.String())
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "POST /uploads?name=inventory.csv: %s\n", status)
-	big, err := next()
-	if err != nil {
-		return err
-	}
-	var bigTask Task
-	if err := db.First(&bigTask, "id = ?", big.Payload.TaskID).Error; err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "worker: task %s, %d rows of inventory.csv parsed\n", bigTask.Status, bigTask.Rows)
-	if err := report(); err != nil {
+	if _, err := parsed("inventory.csv", inventory.String()); err != nil {
 		return err
 	}
 	// Clean-up by age: a sweeper that runs after the retention removes the blob (in
