@@ -1,6 +1,7 @@
 package outboxtest
 
 import (
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -71,4 +72,24 @@ func Shown(rawURL string) string {
 		return "(a URL that does not parse)"
 	}
 	return u.Redacted()
+}
+
+// ClosingIdle wraps m so that once its tests ran, the idle connections of each transport are
+// closed: their read and write loops would otherwise count as leaked goroutines in
+// goleak.VerifyTestMain(outboxtest.ClosingIdle(m, transport)).
+func ClosingIdle(m interface{ Run() int }, transports ...*http.Transport) interface{ Run() int } {
+	return closingIdle{m, transports}
+}
+
+type closingIdle struct {
+	m          interface{ Run() int }
+	transports []*http.Transport
+}
+
+func (c closingIdle) Run() int {
+	code := c.m.Run()
+	for _, t := range c.transports {
+		t.CloseIdleConnections()
+	}
+	return code
 }

@@ -22,15 +22,7 @@ import (
 // before goleak looks for leaked goroutines.
 var transport = &http.Transport{MaxIdleConnsPerHost: 16}
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(closeIdle{m}) }
-
-type closeIdle struct{ m *testing.M }
-
-func (c closeIdle) Run() int {
-	code := c.m.Run()
-	transport.CloseIdleConnections()
-	return code
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(outboxtest.ClosingIdle(m, transport)) }
 
 // client returns the client of a container in Azurite's blob service.
 func client(t *testing.T, name string) *container.Client {

@@ -23,15 +23,7 @@ import (
 // before goleak looks for leaked goroutines.
 var httpTransport = http.DefaultTransport.(*http.Transport).Clone()
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(closeIdle{m}) }
-
-type closeIdle struct{ m *testing.M }
-
-func (c closeIdle) Run() int {
-	code := c.m.Run()
-	httpTransport.CloseIdleConnections()
-	return code
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(outboxtest.ClosingIdle(m, httpTransport)) }
 
 // newClient returns a client of the S3 emulator with static test credentials, never the
 // user's AWS environment.
