@@ -173,9 +173,9 @@ func ExerciseSweep(t *testing.T, store claimcheck.BlobStore) {
 // as the blob store: a 5 MiB event (and a small one beside it) goes through outbox, relay,
 // broker and consumer, is handled typed and exactly once through the adapter's Idempotent,
 // though the relay sent it twice (as after a crash before its write-back); its blob is
-// removed by claimcheck.Sweep once older than the retention. A message over the transport's
-// own limit goes by reference without any threshold, and a blob that is gone is a dead
-// letter of kind blob-missing. newFixture is called once per subtest and must return a
+// removed by claimcheck.Sweep once older than the retention. A message the transport refuses
+// as too large goes by reference without any threshold or declared limit, and a blob that is
+// gone is a dead letter of kind blob-missing. newFixture is called once per subtest and must return a
 // fresh outbox and destination, with Idempotent set.
 func ExerciseClaimCheck(t *testing.T, newFixture func(t *testing.T) *PipelineFixture) {
 	t.Helper()
@@ -216,7 +216,11 @@ func ExerciseClaimCheck(t *testing.T, newFixture func(t *testing.T) *PipelineFix
 	})
 	t.Run("OverTheTransportLimit", func(t *testing.T) {
 		t.Parallel()
-		r := newClaimCheckRig(t, newFixture(t), 0)
+		f := newFixture(t)
+		// Without a threshold, and without the Sender's declared limit (claimcheck.Limiter):
+		// the body goes by reference only once the transport refused it as too large.
+		f.Sender = sendOnly{f.Sender}
+		r := newClaimCheckRig(t, f, 0)
 		big := outbox.New(Note{Text: strings.Repeat("x", 2<<20)}, outbox.WithKey("file-2"))
 		r.publishAndRelay(big)
 		t.Logf("the transport took the 2 MiB event %s", map[bool]string{true: "by reference", false: "whole"}[len(r.blobs()) == 1])
@@ -253,6 +257,11 @@ func ExerciseClaimCheck(t *testing.T, newFixture func(t *testing.T) *PipelineFix
 		}
 	})
 }
+
+// sendOnly hides every method of a Sender but Send.
+type sendOnly struct{ s outbox.Sender }
+
+func (s sendOnly) Send(ctx context.Context, msgs []outbox.Message) error { return s.s.Send(ctx, msgs) }
 
 // claimCheckRig is one pipeline with the claim check on both sides.
 type claimCheckRig struct {
