@@ -542,3 +542,31 @@ func (r *oneDelivery) Nack(context.Context, time.Duration) error {
 	r.nacked = true
 	return nil
 }
+
+// kindedError names its dead-letter kind (deadletter.Classified).
+type kindedError struct{}
+
+func (kindedError) Error() string                   { return "blob gone" }
+func (kindedError) DeadLetterKind() deadletter.Kind { return deadletter.KindBlobMissing }
+
+// TestClassifiedKind: a permanent error that names its kind is dead-lettered with it; an
+// unnamed one stays "permanent".
+func TestClassifiedKind(t *testing.T) {
+	h := newHarness(t, nil, consumer.Config{})
+	consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[Paid]) error {
+		if e.Payload.Order == 1 {
+			return outbox.Permanent(fmt.Errorf("order 1: %w", kindedError{}))
+		}
+		return outbox.Permanent(errors.New("order 2 is invalid"))
+	})
+	h.send(t, outbox.New(Paid{1}), outbox.New(Paid{2}))
+	h.run(t)
+	outboxtest.WaitFor(t, 10*time.Second, "two dead letters", func() bool { return len(h.dlq.Entries()) == 2 })
+	kinds := map[string]deadletter.Kind{}
+	for _, e := range h.dlq.Entries() {
+		kinds[string(e.Message.Body)] = e.Kind
+	}
+	if kinds[`{"order":1}`] != deadletter.KindBlobMissing || kinds[`{"order":2}`] != deadletter.KindPermanent {
+		t.Fatalf("kinds %v, want blob-missing for the classified error and permanent for the other", kinds)
+	}
+}
