@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -216,8 +217,8 @@ func TestLimiterIsTheDefaultThreshold(t *testing.T) {
 }
 
 // TestResolve: the consumer's handler sees the body; a missing blob, or a reference to
-// another store, is a dead letter of kind blob-missing whose reason names the reference
-// and never holds the body.
+// another store, is a dead letter of kind blob-missing whose reason names the reference;
+// neither the dead letters nor the log hold a body.
 func TestResolve(t *testing.T) {
 	store := newDir(t)
 	q := outboxmemory.New(nil)
@@ -231,7 +232,9 @@ func TestResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 	dlq := &outboxtest.DeadLetters{}
-	c, err := consumer.New(q, &consumer.Config{Name: "test", DeadLetters: dlq, Middleware: []consumer.Middleware{claimcheck.Resolve(store)}})
+	var logs syncBuffer
+	c, err := consumer.New(q, &consumer.Config{Name: "test", DeadLetters: dlq, Middleware: []consumer.Middleware{claimcheck.Resolve(store)},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,11 +261,32 @@ func TestResolve(t *testing.T) {
 	if got[0].ID != fine.ID || len(got[0].Payload.Text) != 5000 || got[0].Headers[claimcheck.Header] != "" {
 		t.Fatalf("handled %s with %d bytes of text and dataref %q, want %s with 5000 and none", got[0].ID, len(got[0].Payload.Text), got[0].Headers[claimcheck.Header], fine.ID)
 	}
+	if out := logs.String(); !strings.Contains(out, "blob-missing") || strings.Contains(out, "xxxx") {
+		t.Errorf("the consumer's log does not name the dead letters' kind, or holds a body:\n%s", out)
+	}
 	for _, e := range dlq.Entries() {
 		if e.Kind != deadletter.KindBlobMissing || !strings.Contains(e.Reason, e.Message.Headers[claimcheck.Header]) || strings.Contains(e.Reason, "xxxx") {
 			t.Errorf("dead letter %s: kind %q, reason %q; want blob-missing naming the reference", e.Message.ID, e.Kind, e.Reason)
 		}
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the consumer's concurrent log lines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 type unreachable struct{ claimcheck.BlobStore }
