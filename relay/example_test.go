@@ -85,3 +85,51 @@ func ExampleRelay_Run() {
 	// received orders.placed
 	// Run returned <nil>
 }
+
+// A Group runs the relays of many outboxes in one process — schemas of one database, or a
+// database per tenant — sharing MaxCycles turns round-robin, so that a busy outbox cannot
+// starve a quiet one. Add and Remove work before and while Run runs; State tells each
+// outbox's health.
+func ExampleGroup() {
+	broker := outboxmemory.New(nil)
+	g, err := relay.NewGroup(&relay.GroupConfig{MaxCycles: 4})
+	if err != nil {
+		panic(err)
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		store := committedOutbox(outbox.New(orderPlaced{OrderID: tenant + "-1"}, outbox.WithKey(tenant)))
+		if err := g.Add(relay.Outbox{Name: tenant, Store: store, Sender: broker}); err != nil {
+			panic(err)
+		}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- g.Run(ctx) }()
+
+	got := map[string]bool{}
+	for len(got) < 2 {
+		deliveries, err := broker.Receive(ctx, 10)
+		if err != nil {
+			panic(err)
+		}
+		for _, d := range deliveries {
+			m, _ := d.Message()
+			got[m.Key] = true
+		}
+	}
+	fmt.Println("delivered for", len(got), "tenants")
+	s, _ := g.State("acme")
+	fmt.Println("acme healthy:", s.Healthy())
+
+	if err := g.Remove(ctx, "globex"); err != nil { // its relay has stopped when Remove returns
+		panic(err)
+	}
+	fmt.Println("serving", g.Names())
+	stop()
+	fmt.Println("Run returned", <-done)
+	// Output:
+	// delivered for 2 tenants
+	// acme healthy: true
+	// serving [acme]
+	// Run returned <nil>
+}

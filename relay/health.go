@@ -66,8 +66,14 @@ func (r *Relay) stateChanged(ctx context.Context) {
 // observeAvailability registers the txoutbox.relay.unavailable gauge and returns its
 // unregistration.
 func (t *relayTelemetry) observeAvailability(r *Relay) func() {
-	broker := metric.WithAttributeSet(attribute.NewSet(telemetry.ComponentKey.String("broker"), telemetry.RelayKey.String(r.cfg.Name)))
-	database := metric.WithAttributeSet(attribute.NewSet(telemetry.ComponentKey.String("database"), telemetry.RelayKey.String(r.cfg.Name)))
+	attrs := func(component string) metric.MeasurementOption {
+		kv := []attribute.KeyValue{telemetry.ComponentKey.String(component), telemetry.RelayKey.String(r.cfg.Name)}
+		if r.cfg.outbox != "" {
+			kv = append(kv, telemetry.OutboxKey.String(r.cfg.outbox))
+		}
+		return metric.WithAttributeSet(attribute.NewSet(kv...))
+	}
+	broker, database := attrs("broker"), attrs("database")
 	reg, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		now := time.Now()
 		s := r.State()

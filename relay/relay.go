@@ -88,6 +88,9 @@ type Config struct {
 	// unavailable or available again, with the new state (see [Relay.State]): to page
 	// someone. It runs on a relay loop's goroutine, so it must return quickly.
 	OnStateChange func(ctx context.Context, s State)
+
+	// outbox names the outbox in a Group (Outbox.Name): an attribute of every metric.
+	outbox string
 }
 
 // KeyPolicy says what becomes of a key's later events once one of its events is
@@ -197,6 +200,8 @@ type Relay struct {
 	obs      relayTelemetry
 	// broker and database follow the availability of what the relay depends on.
 	broker, database *availability.Gate
+	// turns is the relay's share of its Group's cycles; nil outside a Group.
+	turns *fairMember
 }
 
 // New returns a relay that moves messages from store to sender. It applies cfg's defaults
@@ -285,9 +290,16 @@ func (r *Relay) validate(ctx context.Context) error {
 			availability.Pause(ctx, wait, back)
 			continue
 		}
+		turn := r.turns != nil && !probe // in a Group, as a claim (see loop)
+		if turn && !r.turns.acquire(ctx) {
+			continue // ctx ended
+		}
 		vctx, cancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
 		err := v.Validate(vctx)
 		cancel()
+		if turn {
+			r.turns.release()
+		}
 		switch {
 		case err == nil:
 			r.database.OK(ctx, probe)
@@ -342,7 +354,16 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 		if brokerProbe {
 			limit = 1 // one message tells whether the broker is back
 		}
+		// In a Group, a cycle takes one of the group's turns, except a probe: an outbox whose
+		// broker or database is down never holds more than the cycles that found it so.
+		turn := r.turns != nil && !brokerProbe && !databaseProbe
+		if turn && !r.turns.acquire(ctx) {
+			continue // ctx ended
+		}
 		c := r.runOnce(ctx, lane, limit, state)
+		if turn {
+			r.turns.release()
+		}
 		if c.claimErr != nil {
 			r.broker.Inconclusive(brokerProbe)
 			if errors.Is(c.claimErr, outbox.ErrSchema) {

@@ -32,6 +32,7 @@ type relayTelemetry struct {
 	retryLog telemetry.LogLimiter
 
 	sentSets, durationSets, latencySets, deadSets *telemetry.Sets
+	claimedOpts                                   []metric.RecordOption // the batch size's attributes
 }
 
 var sendSpanKind = trace.WithSpanKind(trace.SpanKindProducer)
@@ -50,7 +51,10 @@ func (t *relayTelemetry) init(cfg *Config, sender outbox.Sender) {
 		t.describe, t.system = d, d.MessagingSystem()
 	}
 	base := func(k telemetry.Key) []attribute.KeyValue {
-		kv := make([]attribute.KeyValue, 0, 6)
+		kv := make([]attribute.KeyValue, 0, 7)
+		if cfg.outbox != "" {
+			kv = append(kv, telemetry.OutboxKey.String(cfg.outbox))
+		}
 		if t.system != "" {
 			kv = append(kv, semconv.MessagingSystemKey.String(t.system))
 		}
@@ -68,6 +72,9 @@ func (t *relayTelemetry) init(cfg *Config, sender outbox.Sender) {
 			kv = append(kv, semconv.ErrorTypeKey.String(k.C))
 		}
 		return kv
+	}
+	if cfg.outbox != "" {
+		t.claimedOpts = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(telemetry.OutboxKey.String(cfg.outbox)))}
 	}
 	t.sentSets = telemetry.NewSets(send)
 	t.durationSets = telemetry.NewSets(send)
@@ -88,7 +95,7 @@ func (t *relayTelemetry) destination(m outbox.Message) string {
 // claimed records the size of a non-empty claim.
 func (t *relayTelemetry) claimed(ctx context.Context, n int) {
 	if t.inst.BatchSize.Enabled(ctx) {
-		t.inst.BatchSize.Record(ctx, int64(n))
+		t.inst.BatchSize.Record(ctx, int64(n), t.claimedOpts...)
 	}
 }
 
@@ -116,6 +123,9 @@ func (t *relayTelemetry) startSend(ctx context.Context, msgs []outbox.Message) (
 		semconv.MessagingOperationName("send"),
 		semconv.MessagingBatchMessageCount(len(msgs)),
 		telemetry.RelayKey.String(t.cfg.Name))
+	if t.cfg.outbox != "" {
+		attrs = append(attrs, telemetry.OutboxKey.String(t.cfg.outbox))
+	}
 	if t.system != "" {
 		attrs = append(attrs, semconv.MessagingSystemKey.String(t.system))
 	}
@@ -311,7 +321,11 @@ func (t *relayTelemetry) observeStats(sr outboxdriver.StatsReader) func() {
 		if err != nil {
 			return err
 		}
-		set := metric.WithAttributeSet(attribute.NewSet(telemetry.OutboxKey.String(st.Outbox)))
+		name := st.Outbox
+		if t.cfg.outbox != "" { // in a Group: the outbox's name there, unique in the group
+			name = t.cfg.outbox
+		}
+		set := metric.WithAttributeSet(attribute.NewSet(telemetry.OutboxKey.String(name)))
 		now := time.Now()
 		o.ObserveInt64(i.Backlog, st.Backlog, set)
 		o.ObserveFloat64(i.BacklogAge, age(now, st.OldestUndelivered), set)

@@ -2,16 +2,9 @@ package outboxpgx_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,132 +16,13 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxdriver"
 	"github.com/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/outbox/relay"
 )
 
-// privatePostgres is a PostgreSQL server of the test's own, in a temporary data directory,
-// so the test can crash and restart it.
-type privatePostgres struct {
-	bin, base, data, logfile string
-	port                     int
-	asPostgres               bool // running as root: initdb and pg_ctl run as the postgres user
-}
-
-// startPrivatePostgres initialises and starts a server; t's cleanup crashes it (if still
-// running) and removes its directory, printing the server log if t failed.
-func startPrivatePostgres(t *testing.T) *privatePostgres {
-	t.Helper()
-	s, err := newPrivatePostgres()
-	outboxtest.RequireService(t, "PostgreSQL server binaries (initdb)", err)
-	base, err := os.MkdirTemp("", "txoutbox-pg-") // under /tmp: traversable by the postgres user
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.base, s.data, s.logfile = base, filepath.Join(base, "data"), filepath.Join(base, "server.log")
-	t.Cleanup(func() {
-		_ = s.pgctl("-m", "immediate", "stop") // fails harmlessly when the server is down
-		if t.Failed() {
-			if b, err := os.ReadFile(s.logfile); err == nil {
-				t.Logf("server log:\n%s", b)
-			}
-		}
-		_ = os.RemoveAll(base)
-	})
-	if s.asPostgres {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatal(err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(base, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if out, err := s.command(filepath.Join(s.bin, "initdb"), "-D", s.data, "-A", "trust", "-U", "postgres",
-		"--no-sync", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.port = l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	if err := s.start(); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// newPrivatePostgres finds the server binaries (the newest major installed) and how to run
-// them.
-func newPrivatePostgres() (*privatePostgres, error) {
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { // by major version, newest first
-		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
-		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
-		return vi > vj
-	})
-	s := &privatePostgres{asPostgres: os.Geteuid() == 0}
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			s.bin = d
-			break
-		}
-	}
-	if s.bin == "" {
-		return nil, errors.New("no /usr/lib/postgresql/*/bin/initdb")
-	}
-	if s.asPostgres { // initdb refuses to run as root
-		if _, err := exec.LookPath("runuser"); err != nil {
-			return nil, fmt.Errorf("running as root without runuser: %w", err)
-		}
-		if _, err := user.Lookup("postgres"); err != nil {
-			return nil, fmt.Errorf("running as root without a postgres user: %w", err)
-		}
-	}
-	return s, nil
-}
-
-func (s *privatePostgres) command(name string, args ...string) *exec.Cmd {
-	if s.asPostgres {
-		args = append([]string{"-u", "postgres", "--", name}, args...)
-		name = "runuser"
-	}
-	cmd := exec.Command(name, args...)
-	cmd.Dir = s.base // the postgres user may not be able to enter the test's directory
-	cmd.WaitDelay = 5 * time.Second
-	return cmd
-}
-
-func (s *privatePostgres) pgctl(args ...string) error {
-	args = append([]string{"-D", s.data}, args...)
-	if out, err := s.command(filepath.Join(s.bin, "pg_ctl"), args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("pg_ctl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
-// start starts the server and waits until it accepts connections (after crash recovery,
-// when it crashed). fsync stays on: that is what makes a crash meaningful.
-func (s *privatePostgres) start() error {
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=30 -c wal_writer_delay=10s", s.port, s.base)
-	return s.pgctl("-l", s.logfile, "-w", "-t", "60", "-o", opts, "start")
-}
-
-// crash stops the server the way a crash does: immediate mode skips the shutdown checkpoint
-// and the flush of WAL buffers, so the next start recovers from the WAL.
-func (s *privatePostgres) crash() error { return s.pgctl("-m", "immediate", "stop") }
-
-func (s *privatePostgres) url() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
-}
-
-// recordingSender is the broker: it records every delivery.
 type recordingSender struct {
 	hold sync.RWMutex // locked: sends wait
 	mu   sync.Mutex
@@ -264,9 +138,9 @@ type ledger struct {
 // producers are busy, to catch commits in flight.
 func TestPostgresCrashRestartLosesNothing(t *testing.T) {
 	began := time.Now()
-	srv := startPrivatePostgres(t)
+	srv := pgxtest.StartServer(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.url())
+	pool, err := pgxpool.New(ctx, srv.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,14 +251,14 @@ func TestPostgresCrashRestartLosesNothing(t *testing.T) {
 			}
 			epoch.Add(1)
 			start := time.Now()
-			if err := srv.crash(); err != nil {
+			if err := srv.Crash(); err != nil {
 				t.Fatal(err)
 			}
 			return time.Since(start)
 		}()
 		time.Sleep(500 * time.Millisecond) // the outage
 		restartStart := time.Now()
-		if err := srv.start(); err != nil {
+		if err := srv.Start(); err != nil {
 			t.Fatal(err)
 		}
 		restartTook := time.Since(restartStart)
@@ -466,7 +340,7 @@ func TestPostgresCrashRestartLosesNothing(t *testing.T) {
 		}
 	}
 	outboxtest.CheckPerKeyOrder(t, led.committed, sentCommitted)
-	log, _ := os.ReadFile(srv.logfile)
+	log, _ := os.ReadFile(srv.LogFile())
 	if n := strings.Count(string(log), "automatic recovery in progress"); n != int(epoch.Load()) {
 		t.Errorf("the server log shows %d crash recoveries, want %d", n, epoch.Load())
 	}

@@ -157,15 +157,24 @@ func (a *app) open(ctx context.Context, f dbFlags, create bool) (*store, error) 
 	if err != nil {
 		return nil, err
 	}
-	names, err := f.names(t.dialect)
+	if _, err := outboxOn(t, nil, f); err != nil { // the flags' errors before connecting
+		return nil, err
+	}
+	db, err := a.connect(ctx, t, create)
 	if err != nil {
 		return nil, err
 	}
-	d := map[string]*outboxsql.Outbox{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}[t.dialect.Name()]
-	o, err := outboxsql.New(d, f.tables())
+	s, err := outboxOn(t, db, f)
 	if err != nil {
-		return nil, usagef("--schema, --table: %v", err)
+		db.Close()
+		return nil, err
 	}
+	return s, nil
+}
+
+// connect opens the database of t and makes sure it answers. create allows a new SQLite
+// file.
+func (a *app) connect(ctx context.Context, t target, create bool) (*sql.DB, error) {
 	if t.file != "" && !create {
 		if _, err := os.Stat(t.file); err != nil {
 			return nil, fmt.Errorf("SQLite database %s: %w (run outbox migrate to create it)", t.file, err)
@@ -184,7 +193,26 @@ func (a *app) open(ctx context.Context, f dbFlags, create bool) (*store, error) 
 		db.Close()
 		return nil, fmt.Errorf("connecting to %s: %w", t.shown, a.stderr.hide(err))
 	}
-	return &store{target: t, db: db, names: names, outbox: o, q: sqlstore.StdDB(db)}, nil
+	return db, nil
+}
+
+// outboxOn returns the outbox f's --schema and --table name in the database of t, open as
+// db (nil: only check the names).
+func outboxOn(t target, db *sql.DB, f dbFlags) (*store, error) {
+	names, err := f.names(t.dialect)
+	if err != nil {
+		return nil, err
+	}
+	d := map[string]*outboxsql.Outbox{"postgres": outboxsql.Postgres, "mysql": outboxsql.MySQL, "sqlite": outboxsql.SQLite}[t.dialect.Name()]
+	o, err := outboxsql.New(d, f.tables())
+	if err != nil {
+		return nil, usagef("--schema, --table: %v", err)
+	}
+	s := &store{target: t, db: db, names: names, outbox: o}
+	if db != nil {
+		s.q = sqlstore.StdDB(db)
+	}
+	return s, nil
 }
 
 func (s *store) Close() error { return s.db.Close() }

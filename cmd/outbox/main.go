@@ -95,7 +95,7 @@ func init() {
 		{"migrate", "[--dry-run | --check | --script --dialect D]", "create or upgrade the outbox's tables", (*app).migrate},
 		{"status", "[--json]", "backlog, lag, leases, dead letters and inbox sizes", (*app).status},
 		{"dead-letters", "list|show|replay|discard ...", "look at dead letters, replay or discard them", (*app).deadLetters},
-		{"relay", "--transport URL [--route TYPE=DEST]...", "deliver the outbox to a broker until stopped", (*app).relay},
+		{"relay", "--transport URL [--route TYPE=DEST]... | --config FILE", "deliver the outbox (or those of FILE) to a broker until stopped", (*app).relay},
 		{"prune", "--inbox-retention D | --dead-letters-retention D", "delete old inbox keys and settled dead letters", (*app).prune},
 		{"serve", "[--listen ADDR] [--allow-actions]", "a web console for the status and the dead letters", (*app).serve},
 		{"version", "[--json]", "print the version", (*app).version},

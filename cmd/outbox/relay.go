@@ -20,7 +20,7 @@ import (
 )
 
 func (a *app) relay(ctx context.Context, args []string) error {
-	fs := a.flags("relay", "--transport URL [--route TYPE=DEST]... [flags]")
+	fs := a.flags("relay", "--transport URL [--route TYPE=DEST]... [flags] | --config FILE [flags]")
 	var f dbFlags
 	f.add(a, fs)
 	transportURL := new(string)
@@ -35,6 +35,7 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	lease := fs.Duration("lease", 0, "how long a claim stays with this relay (default 30s)")
 	concurrency := fs.Int("concurrency", 0, "claim, send and write-back loops at once (default 2)")
 	logFormat := fs.String("log-format", "text", "text or json")
+	configPath := fs.String("config", "", "serve the outboxes of this JSON `file` in one process (see the README); SIGHUP reads it again. The database and transport flags then do not apply; --name and the relay settings are every outbox's defaults")
 	rest, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -42,7 +43,10 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	if err := noArgs(rest); err != nil {
 		return err
 	}
-	if *transportURL == "" {
+	if *configPath != "" && (*transportURL != "" || f.url != "" || len(routes) > 0) {
+		return usagef("relay --config takes the databases and transports from the file: unset --database-url, --transport and --route (and OUTBOX_DATABASE_URL, OUTBOX_TRANSPORT_URL)")
+	}
+	if *transportURL == "" && *configPath == "" {
 		return usagef("relay needs --transport (or OUTBOX_TRANSPORT_URL):\n%s", transportHelp)
 	}
 	routeMap, err := parseRoutes(routes)
@@ -73,6 +77,31 @@ func (a *app) relay(ctx context.Context, args []string) error {
 		defer ln.Close()
 	}
 
+	// Metrics: the relay's own (issue 9's instruments and the outbox gauges), exported for
+	// Prometheus through the OpenTelemetry exporter, on a registry of our own.
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+	if err != nil {
+		return err
+	}
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer meters.Shutdown(context.WithoutCancel(ctx))
+	base := relay.Config{Name: *name, BatchSize: *batch, MaxAttempts: *attempts, Lease: *lease, Concurrency: *concurrency,
+		Logger: log, MeterProvider: meters}
+
+	if *configPath != "" {
+		return a.relayGroup(ctx, *configPath, base, log, func(p groupProbes) func() {
+			if ln == nil {
+				return func() {}
+			}
+			h := relayHandler(newGuard(&lf, creds), registry, p.healthz, p.readyz, p.outboxes)
+			srv := serveHTTP(ln, tlsConfig, h,
+				&http.Server{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, log)
+			log.Info("serving /healthz, /readyz, /outboxes and /metrics", "addr", srv.url, "auth", creds.describe())
+			return func() { _ = srv.stop(ctx) }
+		})
+	}
+
 	s, err := a.openMigrated(ctx, f)
 	if err != nil {
 		return err
@@ -88,24 +117,11 @@ func (a *app) relay(ctx context.Context, args []string) error {
 		}
 	}()
 
-	// Metrics: the relay's own (issue 9's instruments and the outbox gauges), exported for
-	// Prometheus through the OpenTelemetry exporter, on a registry of our own.
-	registry := prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
-	if err != nil {
-		return err
-	}
-	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer meters.Shutdown(context.WithoutCancel(ctx))
-
 	store, err := s.outbox.NewStore(s.db)
 	if err != nil {
 		return err
 	}
-	rl, err := relay.New(store, t.sender, &relay.Config{
-		Name: *name, BatchSize: *batch, MaxAttempts: *attempts, Lease: *lease, Concurrency: *concurrency,
-		Logger: log, MeterProvider: meters,
-	})
+	rl, err := relay.New(store, t.sender, &base)
 	if err != nil {
 		return usageError{err}
 	}
@@ -114,7 +130,7 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	var srv *httpServer
 	if ln != nil {
 		p := probes{state: rl.State, done: done.Load}
-		srv = serveHTTP(ln, tlsConfig, relayHandler(newGuard(&lf, creds), registry, p),
+		srv = serveHTTP(ln, tlsConfig, relayHandler(newGuard(&lf, creds), registry, p.healthz, p.readyz, nil),
 			&http.Server{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, log)
 		log.Info("serving /healthz, /readyz and /metrics", "addr", srv.url, "auth", creds.describe())
 	}
@@ -136,13 +152,19 @@ func (a *app) relay(ctx context.Context, args []string) error {
 // credentials (a kubelet or a load balancer asks them) and say only the state and since
 // when; /metrics needs them when they are configured. Without credentials configured
 // (loopback only), /metrics leaves out the event types and destinations.
-func relayHandler(g *guard, registry *prometheus.Registry, p probes) http.Handler {
+//
+// A relay of several outboxes (--config) serves /outboxes too: each outbox's state by name,
+// behind the credentials as /metrics.
+func relayHandler(g *guard, registry *prometheus.Registry, healthz, readyz, outboxes http.HandlerFunc) http.Handler {
 	g.open = func(path string) bool { return path == "/healthz" || path == "/readyz" }
 	full := promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
 	coarse := promhttp.HandlerFor(withoutLabels(registry, privateLabels...), promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", p.healthz)
-	mux.HandleFunc("GET /readyz", p.readyz)
+	mux.HandleFunc("GET /healthz", healthz)
+	mux.HandleFunc("GET /readyz", readyz)
+	if outboxes != nil {
+		mux.HandleFunc("GET /outboxes", outboxes)
+	}
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		if g.creds.enabled() {
 			full.ServeHTTP(w, r)

@@ -86,7 +86,8 @@ const (
 	StageKey = attribute.Key("txoutbox.stage")
 	// KindKey is a dead letter's kind (deadletter.Kind).
 	KindKey = attribute.Key("txoutbox.dead_letter.kind")
-	// OutboxKey names the outbox table of a gauge.
+	// OutboxKey names the outbox table of a gauge; in a relay.Group, the outbox's name there,
+	// on every metric and span of its relay.
 	OutboxKey = attribute.Key("txoutbox.outbox")
 	// RelayKey names the relay of a span.
 	RelayKey = attribute.Key("txoutbox.relay")

@@ -11,6 +11,9 @@
 //			return o.Count(t, "outbox") == 0
 //		})
 //	}
+//
+// [StartServer] starts a PostgreSQL server of the test's own, for tests that stop, crash or
+// restart their database (the shared one must never be).
 package pgxtest
 
 import (
