@@ -38,6 +38,9 @@ type Event[T Payload] struct {
 	Headers map[string]string
 	// CreatedAt is when the event was built (UTC).
 	CreatedAt time.Time
+	// DeliverAt, when set and in the future at Publish, schedules the event: the relay sends
+	// it no earlier than that time (see [WithDeliverAt]). Zero: as soon as it commits.
+	DeliverAt time.Time
 	// Payload is the typed body.
 	Payload T
 
@@ -48,10 +51,11 @@ type Event[T Payload] struct {
 type Option func(*eventOptions)
 
 type eventOptions struct {
-	id      uuid.UUID
-	key     string
-	headers map[string]string
-	codec   Codec
+	id        uuid.UUID
+	key       string
+	headers   map[string]string
+	codec     Codec
+	deliverAt time.Time
 }
 
 // WithKey sets the ordering key (an aggregate ID, a user ID…).
@@ -84,6 +88,19 @@ func WithID(id uuid.UUID) Option { return func(o *eventOptions) { o.id = id } }
 // WithCodec encodes the payload with c instead of [JSON].
 func WithCodec(c Codec) Option { return func(o *eventOptions) { o.codec = c } }
 
+// WithDeliverAt schedules the event: Publish stores it aside, and the relay moves it into
+// the outbox and sends it no earlier than t (typically within a second after t, see
+// docs/scheduled.md). Until then an adapter's Cancel can take it back, in a transaction. A
+// keyed scheduled event takes its place in its key's order when it becomes due, as if it
+// were published then: it neither holds its key before nor overtakes the key's events
+// published before that. A time that is not in the future at Publish sends at once.
+func WithDeliverAt(t time.Time) Option { return func(o *eventOptions) { o.deliverAt = t.UTC() } }
+
+// WithDelay schedules the event d after [New] builds it: WithDeliverAt(time.Now().Add(d)).
+func WithDelay(d time.Duration) Option {
+	return func(o *eventOptions) { o.deliverAt = time.Now().Add(d).UTC() }
+}
+
 // New builds an event with a fresh UUIDv7 ID.
 func New[T Payload](payload T, opts ...Option) Event[T] {
 	var o eventOptions
@@ -98,6 +115,7 @@ func New[T Payload](payload T, opts ...Option) Event[T] {
 		Key:       o.key,
 		Headers:   o.headers,
 		CreatedAt: time.Now().UTC(),
+		DeliverAt: o.deliverAt,
 		Payload:   payload,
 		codec:     o.codec,
 	}
@@ -139,6 +157,7 @@ func (e Event[T]) Encode() (Message, error) {
 		Headers:     maps.Clone(e.Headers),
 		ContentType: codec.ContentType(),
 		CreatedAt:   e.CreatedAt,
+		DeliverAt:   e.DeliverAt,
 	}
 	if err := m.Validate(); err != nil {
 		return Message{}, err
@@ -214,6 +233,9 @@ type Message struct {
 	Body []byte
 	// CreatedAt is when the event was made (New), in UTC.
 	CreatedAt time.Time
+	// DeliverAt is when a scheduled event is due ([WithDeliverAt]); zero otherwise. Publish
+	// reads it; a message the relay claims or a consumer receives has it zero.
+	DeliverAt time.Time
 }
 
 // Encode returns m after checking it with [Message.Validate], so a Message can be published

@@ -162,4 +162,9 @@ type Stats struct {
 	// HeldKeys counts the keys held by a pending dead letter of the relay (see [DeadLetter.HoldKey]):
 	// their later messages wait in the backlog until it is replayed or discarded.
 	HeldKeys int64
+	// Scheduled counts the scheduled events not yet due (outbox.WithDeliverAt): they are
+	// not in the backlog until the relay moves them into the outbox when they fall due.
+	Scheduled int64
+	// NextDue is when the first scheduled event falls due; zero when none is scheduled.
+	NextDue time.Time
 }

@@ -34,6 +34,10 @@ type StoreFixture struct {
 	// SingleRelay says the database supports one relay at a time (SQLite); multi-relay
 	// tests then run one.
 	SingleRelay bool
+	// Cancel calls the adapter's Cancel (of a scheduled event) in one transaction of the
+	// adapter's own kind, then commits it, or rolls it back when commit is false. nil skips
+	// the scheduled-event tests (a store without scheduling).
+	Cancel func(ctx context.Context, commit bool, id uuid.UUID) (bool, error)
 	// PublishNilTx calls the adapter's Publish with a typed-nil transaction of its kind (a
 	// nil *sql.Tx in an interface, a nil pgx.Tx…); it must fail, not panic.
 	PublishNilTx func(ctx context.Context, events ...outbox.Encodable) error
@@ -117,6 +121,7 @@ func ExerciseStore(t *testing.T, newFixture func(t *testing.T) *StoreFixture) {
 	exerciseOutage(t, newFixture)
 	exerciseHeldKeys(t, newFixture)
 	exerciseDatabaseFaults(t, newFixture)
+	exerciseScheduled(t, newFixture)
 
 	t.Run("CommitIsDelivered", func(t *testing.T) {
 		t.Parallel()

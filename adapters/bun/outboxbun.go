@@ -29,6 +29,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
+
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
 
@@ -95,6 +97,27 @@ func (o *Outbox) Publish(ctx context.Context, tx bun.IDB, events ...outbox.Encod
 		return fmt.Errorf("outboxbun: %w", err)
 	}
 	return nil
+}
+
+// Cancel takes back the scheduled event id (published with outbox.WithDeliverAt or
+// WithDelay) inside tx (a bun.Tx; with AllowNoTx, also a *bun.DB or bun.Conn), and reports whether it was still scheduled. Once tx commits, the event
+// is never delivered; if tx rolls back, it stays scheduled. false means it was not waiting
+// any more: it fell due and the relay moved it into the outbox (it is being or was
+// delivered), it was cancelled before, or it was never scheduled. See docs/scheduled.md.
+func (o *Outbox) Cancel(ctx context.Context, tx bun.IDB, id uuid.UUID) (bool, error) {
+	q, err := o.executor(tx)
+	if err != nil {
+		return false, err
+	}
+	d, n, err := o.dialect(tx)
+	if err != nil {
+		return false, err
+	}
+	ok, err := sqlstore.Cancel(ctx, d, sqlstore.StdQuerier(q), n, id)
+	if err != nil {
+		return false, fmt.Errorf("outboxbun: %w", err)
+	}
+	return ok, nil
 }
 
 // executor returns the database/sql value under db: the *sql.Tx of a bun.Tx, or (with

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -102,6 +104,23 @@ func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.
 	return err
 }
 
+// cancel is the fixtures' Cancel: one db.RunInTx, committed or rolled back.
+func (o *testOutbox) cancel(ctx context.Context, commit bool, id uuid.UUID) (ok bool, err error) {
+	err = o.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		if ok, err = o.Cancel(ctx, tx, id); err != nil {
+			return err
+		}
+		if !commit {
+			return sqlstoretest.ErrRollback
+		}
+		return nil
+	})
+	if errors.Is(err, sqlstoretest.ErrRollback) {
+		err = nil
+	}
+	return ok, err
+}
+
 func TestConformance(t *testing.T) {
 	for i, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
@@ -113,6 +132,7 @@ func TestConformance(t *testing.T) {
 					t.Fatal(err)
 				}
 				f := o.Fixture(store, o.publish)
+				f.Cancel = o.cancel
 				f.PublishNilTx = func(ctx context.Context, events ...outbox.Encodable) error {
 					return o.Publish(ctx, (*bun.Tx)(nil), events...)
 				}

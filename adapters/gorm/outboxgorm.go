@@ -31,6 +31,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
+
 	"gorm.io/gorm"
 
 	"github.com/txoutbox/outbox"
@@ -83,21 +85,48 @@ func New(t outbox.Tables, opts ...Option) (*Outbox, error) {
 // [outbox.ErrNotInTransaction], and so does a tx outside a transaction unless the outbox
 // was built with [AllowNoTx]. Up to 1000 events cost one statement.
 func (o *Outbox) Publish(ctx context.Context, tx *gorm.DB, events ...outbox.Encodable) error {
-	if tx == nil || tx.Statement == nil || outboxdriver.IsNil(tx.Statement.ConnPool) {
-		return fmt.Errorf("outboxgorm: %w: got a nil *gorm.DB", outbox.ErrNotInTransaction)
-	}
-	d, n, err := o.dialect(tx)
+	d, n, q, err := o.inTx(tx)
 	if err != nil {
 		return err
 	}
-	pool := tx.Statement.ConnPool
-	if _, inTx := pool.(gorm.TxCommitter); !inTx && !o.allowNoTx {
-		return fmt.Errorf("outboxgorm: %w: this *gorm.DB is not inside db.Transaction or Begin (build the Outbox with AllowNoTx to publish outside one)", outbox.ErrNotInTransaction)
-	}
-	if err := sqlstore.Publish(ctx, d, sqlstore.StdQuerier(pool), n, events); err != nil {
+	if err := sqlstore.Publish(ctx, d, q, n, events); err != nil {
 		return fmt.Errorf("outboxgorm: %w", err)
 	}
 	return nil
+}
+
+// Cancel takes back the scheduled event id (published with outbox.WithDeliverAt or
+// WithDelay) inside tx (with AllowNoTx, also outside a transaction), and reports whether it was still scheduled. Once tx commits, the event
+// is never delivered; if tx rolls back, it stays scheduled. false means it was not waiting
+// any more: it fell due and the relay moved it into the outbox (it is being or was
+// delivered), it was cancelled before, or it was never scheduled. See docs/scheduled.md.
+func (o *Outbox) Cancel(ctx context.Context, tx *gorm.DB, id uuid.UUID) (bool, error) {
+	d, n, q, err := o.inTx(tx)
+	if err != nil {
+		return false, err
+	}
+	ok, err := sqlstore.Cancel(ctx, d, q, n, id)
+	if err != nil {
+		return false, fmt.Errorf("outboxgorm: %w", err)
+	}
+	return ok, nil
+}
+
+// inTx returns the dialect, names and connection of tx, which must be inside a
+// transaction unless the outbox allows otherwise (AllowNoTx).
+func (o *Outbox) inTx(tx *gorm.DB) (sqlstore.Dialect, *sqlstore.Names, sqlstore.Querier, error) {
+	if tx == nil || tx.Statement == nil || outboxdriver.IsNil(tx.Statement.ConnPool) {
+		return nil, nil, nil, fmt.Errorf("outboxgorm: %w: got a nil *gorm.DB", outbox.ErrNotInTransaction)
+	}
+	d, n, err := o.dialect(tx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pool := tx.Statement.ConnPool
+	if _, inTx := pool.(gorm.TxCommitter); !inTx && !o.allowNoTx {
+		return nil, nil, nil, fmt.Errorf("outboxgorm: %w: this *gorm.DB is not inside db.Transaction or Begin (build the Outbox with AllowNoTx to publish outside one)", outbox.ErrNotInTransaction)
+	}
+	return d, n, sqlstore.StdQuerier(pool), nil
 }
 
 // Migrate creates or upgrades the outbox's tables over db's pool; concurrent callers wait

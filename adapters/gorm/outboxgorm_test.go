@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/glebarez/sqlite"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/uptrace/bun/driver/pgdriver"
@@ -101,6 +103,23 @@ func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.
 	return err
 }
 
+// cancel is the fixtures' Cancel: one db.Transaction, committed or rolled back.
+func (o *testOutbox) cancel(ctx context.Context, commit bool, id uuid.UUID) (ok bool, err error) {
+	err = o.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if ok, err = o.Cancel(ctx, tx, id); err != nil {
+			return err
+		}
+		if !commit {
+			return sqlstoretest.ErrRollback
+		}
+		return nil
+	})
+	if errors.Is(err, sqlstoretest.ErrRollback) {
+		err = nil
+	}
+	return ok, err
+}
+
 func TestConformance(t *testing.T) {
 	for i, s := range setups {
 		t.Run(s.name, func(t *testing.T) {
@@ -112,6 +131,7 @@ func TestConformance(t *testing.T) {
 					t.Fatal(err)
 				}
 				f := o.Fixture(store, o.publish)
+				f.Cancel = o.cancel
 				f.PublishNilTx = func(ctx context.Context, events ...outbox.Encodable) error {
 					tx := o.db.WithContext(ctx).Session(&gorm.Session{})
 					tx.Statement.ConnPool = (*sql.Tx)(nil)

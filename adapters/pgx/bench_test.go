@@ -343,7 +343,41 @@ func BenchmarkLatency(b *testing.B) {
 
 // benchLatency publishes 3,000 events at 1,000/s, keyed by keys keys (none for 0).
 func benchLatency(b *testing.B, cfg *relay.Config, keys int) {
-	o := benchOutbox(b)
+	runLatency(b, benchOutbox(b), cfg, keys, 3000).report(b, "")
+}
+
+// latencyRun is what runLatency measured.
+type latencyRun struct {
+	lat           []time.Duration // sorted
+	events        int
+	elapsed       time.Duration
+	claims, empty int64
+	cpu           []int64 // clock ticks: the relay's backends, the producer's, the server's
+}
+
+// ms returns the q-quantile of the latencies in milliseconds.
+func (r latencyRun) ms(q float64) float64 {
+	i := min(int(float64(len(r.lat))*q), len(r.lat)-1)
+	return float64(r.lat[i].Microseconds()) / 1000
+}
+
+// report reports r's figures, their names prefixed with prefix.
+func (r latencyRun) report(b *testing.B, prefix string) {
+	b.ReportMetric(r.ms(0.5), prefix+"p50_ms")
+	b.ReportMetric(r.ms(0.99), prefix+"p99_ms")
+	b.ReportMetric(r.ms(1), prefix+"max_ms")
+	b.ReportMetric(float64(r.claims)/r.elapsed.Seconds(), prefix+"claims/s")
+	b.ReportMetric(100*float64(r.empty)/float64(max(r.claims, 1)), prefix+"empty_claims_%")
+	if r.cpu[2] > 0 { // a local server
+		for i, name := range []string{"relay_db", "producer_db", "server"} {
+			b.ReportMetric(float64(r.cpu[i])*1e6/benchtest.ClockTicks/float64(r.events), prefix+name+"_cpu_µs/event")
+		}
+	}
+}
+
+// runLatency publishes events events at 1,000/s into o, keyed by keys keys (none for 0),
+// with a relay of cfg running, and measures each one's commit → transport latency.
+func runLatency(b *testing.B, o *testOutbox, cfg *relay.Config, keys, events int) latencyRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	producer, producerCPU := trackedPool(b)
 	relayPool, relayCPU := trackedPool(b)
@@ -359,7 +393,6 @@ func benchLatency(b *testing.B, cfg *relay.Config, keys int) {
 			b.Fatal(err)
 		}
 	}
-	const events = 3000
 	meters := []benchtest.Meter{benchtest.PIDs("relay", relayCPU.list), benchtest.PIDs("producer", producerCPU.list), benchtest.Processes("postgres")}
 	cpu0 := make([]int64, len(meters))
 	for i, m := range meters {
@@ -393,37 +426,25 @@ func benchLatency(b *testing.B, cfg *relay.Config, keys int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	elapsed := time.Since(start)
-	cpu := make([]int64, len(meters))
+	r := latencyRun{events: events, elapsed: time.Since(start), cpu: make([]int64, len(meters))}
 	for i, m := range meters {
 		if c := m.Read(); c >= 0 && cpu0[i] >= 0 {
-			cpu[i] = c - cpu0[i]
+			r.cpu[i] = c - cpu0[i]
 		}
 	}
 	cancel()
 	<-done
-	var lat []time.Duration
 	for id, c := range committed {
 		if at, ok := sink.at[id]; ok {
-			lat = append(lat, max(0, at.Sub(c)))
+			r.lat = append(r.lat, max(0, at.Sub(c)))
 		}
 	}
-	if len(lat) != len(committed) {
-		b.Fatalf("%d of %d events arrived", len(lat), len(committed))
+	if len(r.lat) != len(committed) {
+		b.Fatalf("%d of %d events arrived", len(r.lat), len(committed))
 	}
-	slices.Sort(lat)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	b.ReportMetric(ms(lat[len(lat)/2]), "p50_ms")
-	b.ReportMetric(ms(lat[len(lat)*99/100]), "p99_ms")
-	b.ReportMetric(ms(lat[len(lat)-1]), "max_ms")
-	claims, empty := store.Claims.Load(), store.Empty.Load()
-	b.ReportMetric(float64(claims)/elapsed.Seconds(), "claims/s")
-	b.ReportMetric(100*float64(empty)/float64(max(claims, 1)), "empty_claims_%")
-	if cpu[2] > 0 { // a local server
-		for i, name := range []string{"relay_db", "producer_db", "server"} {
-			b.ReportMetric(float64(cpu[i])*1e6/benchtest.ClockTicks/events, name+"_cpu_µs/event")
-		}
-	}
+	slices.Sort(r.lat)
+	r.claims, r.empty = store.Claims.Load(), store.Empty.Load()
+	return r
 }
 
 // backends records the process IDs of a pool's PostgreSQL backends.

@@ -20,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -84,15 +86,34 @@ func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable)
 	if err != nil || len(msgs) == 0 {
 		return err
 	}
-	if len(msgs) < copyThreshold {
+	msgs, err = sqlstore.PublishScheduled(ctx, sqlstore.Postgres, querier{tx}, o.names, msgs)
+	switch {
+	case err != nil || len(msgs) == 0:
+	case len(msgs) < copyThreshold:
 		err = sqlstore.Postgres.Insert(ctx, querier{tx}, o.names, msgs)
-	} else {
+	default:
 		err = o.copy(ctx, tx, msgs)
 	}
 	if err != nil {
 		return fmt.Errorf("outboxpgx: publishing %d event(s): %w", len(msgs), sqlstore.Classify(err, o.names))
 	}
 	return nil
+}
+
+// Cancel takes back the scheduled event id (published with outbox.WithDeliverAt or
+// WithDelay) inside tx, and reports whether it was still scheduled. Once tx commits, the event
+// is never delivered; if tx rolls back, it stays scheduled. false means it was not waiting
+// any more: it fell due and the relay moved it into the outbox (it is being or was
+// delivered), it was cancelled before, or it was never scheduled. See docs/scheduled.md.
+func (o *Outbox) Cancel(ctx context.Context, tx Tx, id uuid.UUID) (bool, error) {
+	if outboxdriver.IsNil(tx) {
+		return false, fmt.Errorf("outboxpgx: %w: got a nil %T", outbox.ErrNotInTransaction, tx)
+	}
+	ok, err := sqlstore.Cancel(ctx, sqlstore.Postgres, querier{tx}, o.names, id)
+	if err != nil {
+		return false, fmt.Errorf("outboxpgx: %w", err)
+	}
+	return ok, nil
 }
 
 func (o *Outbox) copy(ctx context.Context, tx Tx, msgs []outbox.Message) error {

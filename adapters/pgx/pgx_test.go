@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/google/uuid"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
@@ -71,6 +73,21 @@ func (o *testOutbox) fixture(t testing.TB) *outboxtest.StoreFixture {
 		DeadLetters: func(ctx context.Context) ([]outboxtest.DeadLetterRow, error) {
 			rows, _ := o.pool.Query(ctx, "SELECT coalesce(event_id, '00000000-0000-0000-0000-000000000000'), stage, reason, attempts FROM "+o.schema+".outbox_dead_letters ORDER BY id")
 			return pgx.CollectRows(rows, pgx.RowToStructByPos[outboxtest.DeadLetterRow])
+		},
+		Cancel: func(ctx context.Context, commit bool, id uuid.UUID) (ok bool, err error) {
+			err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+				if ok, err = o.Cancel(ctx, tx, id); err != nil {
+					return err
+				}
+				if !commit {
+					return errRollback
+				}
+				return nil
+			})
+			if err == errRollback {
+				err = nil
+			}
+			return ok, err
 		},
 		PublishNilTx: func(ctx context.Context, events ...outbox.Encodable) error {
 			return o.Publish(ctx, (*pgxpool.Tx)(nil), events...)

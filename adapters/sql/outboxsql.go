@@ -27,6 +27,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
+
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 	"github.com/txoutbox/outbox/outboxdriver"
@@ -102,6 +104,22 @@ func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable)
 		return fmt.Errorf("outboxsql: %w", err)
 	}
 	return nil
+}
+
+// Cancel takes back the scheduled event id (published with outbox.WithDeliverAt or
+// WithDelay) inside tx, and reports whether it was still scheduled. Once tx commits, the event
+// is never delivered; if tx rolls back, it stays scheduled. false means it was not waiting
+// any more: it fell due and the relay moved it into the outbox (it is being or was
+// delivered), it was cancelled before, or it was never scheduled. See docs/scheduled.md.
+func (o *Outbox) Cancel(ctx context.Context, tx Tx, id uuid.UUID) (bool, error) {
+	if outboxdriver.IsNil(tx) {
+		return false, fmt.Errorf("outboxsql: %w: got a nil %T", outbox.ErrNotInTransaction, tx)
+	}
+	ok, err := sqlstore.Cancel(ctx, o.d, sqlstore.StdQuerier(tx), o.names, id)
+	if err != nil {
+		return false, fmt.Errorf("outboxsql: %w", err)
+	}
+	return ok, nil
 }
 
 // Migrate creates or upgrades the outbox's tables; concurrent callers wait for each other,

@@ -91,9 +91,26 @@ func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.
 	return tx.Commit()
 }
 
+// cancel is the fixtures' Cancel: one BeginTx transaction, committed or rolled back.
+func (o *testOutbox) cancel(ctx context.Context, commit bool, id uuid.UUID) (bool, error) {
+	tx, err := o.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	ok, err := o.Cancel(ctx, tx, id)
+	if err != nil {
+		return false, errors.Join(err, tx.Rollback())
+	}
+	if !commit {
+		return ok, tx.Rollback()
+	}
+	return ok, tx.Commit()
+}
+
 // fixture is the store suite's fixture over o.
 func (o *testOutbox) fixture(t testing.TB) *outboxtest.StoreFixture {
 	f := o.Fixture(o.store(t), o.publish)
+	f.Cancel = o.cancel
 	f.PublishNilTx = func(ctx context.Context, events ...outbox.Encodable) error {
 		var tx *sql.Tx
 		return o.Publish(ctx, tx, events...)

@@ -30,6 +30,12 @@ type report struct {
 		OldestAgeSeconds *float64   `json:"oldest_age_seconds,omitempty"`
 		Retrying         int64      `json:"retrying"`
 	} `json:"backlog"`
+	// Scheduled counts the events due later (outbox.WithDeliverAt), not yet in the backlog;
+	// NextDueAt is absent when there is none.
+	Scheduled struct {
+		Events    int64      `json:"events"`
+		NextDueAt *time.Time `json:"next_due_at,omitempty"`
+	} `json:"scheduled"`
 	Leases      []leaseJSON `json:"leases"`
 	DeadLetters struct {
 		Pending   int64 `json:"pending"`
@@ -115,6 +121,11 @@ func (s *store) readReport(ctx context.Context) (*report, error) {
 		t := stats.OldestUndelivered.UTC()
 		secs := now.Sub(t).Seconds()
 		r.Backlog.OldestCreatedAt, r.Backlog.OldestAgeSeconds = &t, &secs
+	}
+	r.Scheduled.Events = stats.Scheduled
+	if !stats.NextDue.IsZero() {
+		t := stats.NextDue.UTC()
+		r.Scheduled.NextDueAt = &t
 	}
 	if r.Backlog.Retrying, err = sqlstore.Retrying(ctx, s.dialect, s.q, s.names); err != nil {
 		return nil, err
@@ -226,6 +237,12 @@ func (a *app) printReport(r *report) {
 			age(time.Duration(*r.Backlog.OldestAgeSeconds*float64(time.Second))), stamp(*r.Backlog.OldestCreatedAt))
 	}
 	fmt.Fprintf(w, "retrying      %s events failed to send and wait for another attempt\n", count(r.Backlog.Retrying))
+	if r.Scheduled.NextDueAt == nil {
+		fmt.Fprintf(w, "scheduled     0 events\n")
+	} else {
+		fmt.Fprintf(w, "scheduled     %s events, the next due in %s (%s)\n", count(r.Scheduled.Events),
+			age(r.Scheduled.NextDueAt.Sub(r.Now)), stamp(*r.Scheduled.NextDueAt))
+	}
 	if len(r.Leases) == 0 {
 		fmt.Fprintf(w, "leases        none\n")
 	} else {

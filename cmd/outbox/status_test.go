@@ -244,3 +244,35 @@ func TestStatusShowsHeldKeys(t *testing.T) {
 		}
 	})
 }
+
+func TestStatusShowsScheduled(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, tb *testDB) {
+		tb.migrate(t)
+		r := ok(t, tb, "status")
+		if !strings.Contains(r.stdout, "scheduled     0 events") {
+			t.Fatalf("status of an empty outbox lacks the scheduled line:\n%s", r.stdout)
+		}
+		due := time.Now().Add(3 * time.Hour)
+		tb.publish(t, outbox.New(Placed{Order: 1}, outbox.WithDeliverAt(due)), outbox.New(Placed{Order: 2}, outbox.WithDeliverAt(due.Add(time.Hour))),
+			outbox.New(Placed{Order: 3}))
+
+		r = ok(t, tb, "status", "--json")
+		var got report
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+			t.Fatalf("%v\n%s", err, r.stdout)
+		}
+		if s := got.Scheduled; s.Events != 2 || s.NextDueAt == nil || s.NextDueAt.Sub(due).Abs() > time.Second || got.Backlog.Events != 1 {
+			t.Errorf("scheduled %+v, backlog %d; want 2 events due at %v, 1 in the backlog", s, got.Backlog.Events, due)
+		}
+		r = ok(t, tb, "status")
+		if !strings.Contains(r.stdout, "scheduled     2 events, the next due in 2h59m") && !strings.Contains(r.stdout, "scheduled     2 events, the next due in 3h00m") {
+			t.Errorf("status lacks the scheduled events:\n%s", r.stdout)
+		}
+		if tb.Dialect == "sqlite" {
+			base := startConsole(t, tb, nil)
+			if code, body := getPage(t, base+"/"); code != 200 || !strings.Contains(body, `id="scheduled">2<`) {
+				t.Errorf("the console's status page (%d) does not show 2 scheduled events:\n%s", code, body)
+			}
+		}
+	})
+}

@@ -25,8 +25,9 @@ type dialectSQL struct {
 	headers, eventID, epoch string
 	// size is the size in bytes of the binary column col (NULL for NULL).
 	size func(col string) string
-	// uuidParam is a placeholder compared with a uuid column.
-	uuidParam string
+	// uuidParam is a placeholder compared with a uuid column; jsonParam one written to a
+	// headers column.
+	uuidParam, jsonParam string
 
 	// bindTime binds a time the way the database clock writes it (failure and status
 	// times, and filters on them); bindCreated binds created_at the way Insert writes it.
@@ -38,6 +39,9 @@ type dialectSQL struct {
 	// lockRows ends a read that locks the rows it reads until the transaction ends ("" where
 	// a write transaction holds the whole database already).
 	lockRows string
+	// skipLocked ends a read that locks the rows it reads and skips those another
+	// transaction holds (the scheduled events' move: scheduled.go).
+	skipLocked string
 	// replayHeaders is the headers column with outbox.ReplayHeader set to the argument.
 	replayHeaders string
 	// bucket is the start, in whole seconds since 1970, of the interval of secs seconds (an

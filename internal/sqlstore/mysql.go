@@ -68,14 +68,8 @@ const (
 // Insert writes msgs with multi-row INSERTs. Fields longer than their columns fail with an
 // error instead of being truncated by a server in non-strict mode.
 func (mysqlDialect) Insert(ctx context.Context, q Querier, n *Names, msgs []outbox.Message) error {
-	for _, m := range msgs {
-		if err := errors.Join(
-			checkLen(m, "type", m.Type, mysqlMaxText),
-			checkLen(m, "key", m.Key, mysqlMaxText),
-			checkLen(m, "content type", m.ContentType, mysqlMaxText),
-		); err != nil {
-			return err
-		}
+	if err := mysqlCheckLens(msgs); err != nil {
+		return err
 	}
 	head := "INSERT INTO " + n.Outbox + " (id, type, `key`, headers, content_type, body, created_at, available_at) VALUES "
 	return insertChunks(msgs, mysqlMaxInsertRows, mysqlMaxInsertBytes, func(chunk []outbox.Message) error {
@@ -85,6 +79,20 @@ func (mysqlDialect) Insert(ctx context.Context, q Querier, n *Names, msgs []outb
 		}
 		return q.Exec(ctx, valuesSQL(head, mysqlInsertTuple, len(chunk)), args...)
 	})
+}
+
+// mysqlCheckLens fails for the first message with a field longer than its column.
+func mysqlCheckLens(msgs []outbox.Message) error {
+	for _, m := range msgs {
+		if err := errors.Join(
+			checkLen(m, "type", m.Type, mysqlMaxText),
+			checkLen(m, "key", m.Key, mysqlMaxText),
+			checkLen(m, "content type", m.ContentType, mysqlMaxText),
+		); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (d mysqlDialect) Store(db DB, n *Names) outboxdriver.Store {
@@ -104,6 +112,7 @@ var mysqlSQL = &dialectSQL{
 	epoch:       "'1970-01-01 00:00:00'",
 	size:        func(col string) string { return "LENGTH(" + col + ")" },
 	uuidParam:   "?",
+	jsonParam:   "?",
 	bindTime:    func(t time.Time) any { return t.UTC() },
 	bindCreated: func(t time.Time) any { return t.UTC() },
 	contains:    "LOCATE(?, reason) > 0", // the table's utf8mb4_bin collation compares bytes
@@ -111,6 +120,7 @@ var mysqlSQL = &dialectSQL{
 		return mysqlNow + " - INTERVAL ? MICROSECOND", d.Microseconds()
 	},
 	lockRows:      " FOR UPDATE",
+	skipLocked:    " FOR UPDATE SKIP LOCKED",
 	replayHeaders: `JSON_SET(COALESCE(headers, JSON_OBJECT()), '$."` + outbox.ReplayHeader + `"', ?)`,
 	bucket: func(col, secs string) string {
 		return "TIMESTAMPDIFF(SECOND, '1970-01-01 00:00:00', " + col + ") DIV " + secs + " * " + secs

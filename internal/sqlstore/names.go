@@ -18,6 +18,7 @@ type Names struct {
 	DeadLetters  string
 	Inbox        string
 	Responses    string // the HTTP Idempotency-Key responses
+	Scheduled    string // events due later (outbox.WithDeliverAt), moved into the outbox when due
 	Migrations   string
 	ClaimFunc    string // PostgreSQL: claim and complete functions
 	CompleteFunc string
@@ -59,6 +60,7 @@ func NewNames(d Dialect, t outbox.Tables) (*Names, error) {
 		DeadLetters:  qual(t.Outbox + "_dead_letters"),
 		Inbox:        qual(t.Outbox + "_inbox"),
 		Responses:    qual(t.Outbox + "_http_responses"),
+		Scheduled:    qual(t.Outbox + "_scheduled"),
 		Migrations:   qual(t.Outbox + "_migrations"),
 		ClaimFunc:    qual(t.Outbox + "_claim"),
 		CompleteFunc: qual(t.Outbox + "_complete"),

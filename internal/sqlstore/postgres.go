@@ -96,6 +96,7 @@ var pgSQL = &dialectSQL{
 	epoch:       "'epoch'::timestamptz",
 	size:        func(col string) string { return "octet_length(" + col + ")" },
 	uuidParam:   "?::uuid",
+	jsonParam:   "?::jsonb",
 	bindTime:    func(t time.Time) any { return t },
 	bindCreated: func(t time.Time) any { return t },
 	contains:    "strpos(reason, ?) > 0",
@@ -103,6 +104,7 @@ var pgSQL = &dialectSQL{
 		return "now() - ? * interval '1 millisecond'", d.Milliseconds()
 	},
 	lockRows:      " FOR UPDATE",
+	skipLocked:    " FOR UPDATE SKIP LOCKED",
 	replayHeaders: "coalesce(headers, '{}'::jsonb) || jsonb_build_object('" + outbox.ReplayHeader + "', ?::text)",
 	bucket: func(col, secs string) string {
 		return "floor(extract(epoch FROM " + col + ") / " + secs + ")::bigint * " + secs

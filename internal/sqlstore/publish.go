@@ -16,7 +16,11 @@ func Publish(ctx context.Context, d Dialect, q Querier, n *Names, events []outbo
 	if err != nil || len(msgs) == 0 {
 		return err
 	}
-	if err := d.Insert(ctx, q, n, msgs); err != nil {
+	immediate, err := PublishScheduled(ctx, d, q, n, msgs)
+	if err == nil && len(immediate) > 0 {
+		err = d.Insert(ctx, q, n, immediate)
+	}
+	if err != nil {
 		return fmt.Errorf("publishing %d event(s) to %s: %w", len(msgs), n.Outbox, Classify(err, n))
 	}
 	return nil

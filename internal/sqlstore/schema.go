@@ -91,6 +91,7 @@ var tableColumns = []struct {
 		"status", "status_changed_at", "broker_message_id", "raw", "held_seq"}},
 	{"_inbox", []string{"consumer", "event_id", "processed_at"}},
 	{"_http_responses", []string{"consumer", "event_id", "request_hash", "status", "headers", "body", "processed_at"}},
+	{"_scheduled", []string{"seq", "id", "type", "key", "headers", "content_type", "body", "created_at", "deliver_at"}},
 }
 
 // ErrSchema is outbox.ErrSchema, which [Validate] wraps.

@@ -86,6 +86,7 @@ var sqliteSQL = &dialectSQL{
 	epoch:       "'1970-01-01 00:00:00'",
 	size:        func(col string) string { return "length(CAST(" + col + " AS BLOB))" }, // bytes, also of a value written as text
 	uuidParam:   "?",
+	jsonParam:   "?",
 	bindTime:    func(t time.Time) any { return t.UTC().Format(sqliteClockTime) },
 	bindCreated: func(t time.Time) any { return t.UTC().Format(sqliteTime) },
 	contains:    "instr(reason, ?) > 0",
@@ -93,6 +94,7 @@ var sqliteSQL = &dialectSQL{
 		return "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", fmt.Sprintf("%+.3f seconds", -d.Seconds())
 	},
 	lockRows:      "", // a write transaction holds the whole database
+	skipLocked:    "", // a write transaction holds the whole database
 	replayHeaders: `json_set(COALESCE(headers, '{}'), '$."` + outbox.ReplayHeader + `"', ?)`,
 	bucket: func(col, secs string) string {
 		return "CAST(strftime('%s', " + col + ") AS INTEGER) / " + secs + " * " + secs

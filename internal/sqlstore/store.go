@@ -33,10 +33,11 @@ func loopOf[T any](s *outboxdriver.ClaimState) *T {
 // classifiedStore is a dialect's relay store whose errors are classified (see Classify),
 // and which validates its schema for Relay.Run (outboxdriver.Validator).
 type classifiedStore struct {
-	s  relayStore
-	d  Dialect
-	db DB
-	n  *Names
+	s   relayStore
+	d   Dialect
+	db  DB
+	n   *Names
+	due dueMover // moves scheduled events into the outbox when they fall due
 }
 
 var (
@@ -50,6 +51,9 @@ func classified(d Dialect, db DB, n *Names, s relayStore) outboxdriver.Store {
 }
 
 func (c *classifiedStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
+	if err := c.due.move(ctx, c.d, c.db, c.n); err != nil {
+		return nil, Classify(err, c.n)
+	}
 	claimed, err := c.s.Claim(ctx, p)
 	if err != nil {
 		return nil, Classify(err, c.n)

@@ -104,7 +104,7 @@ func (tg *Target) Unmigrate(ctx context.Context) error {
 	}
 	n := tg.names
 	var errs []error
-	for _, table := range append([]string{n.Outbox, n.DeadLetters, n.Migrations, n.ClaimLock, n.Inbox, n.Responses}, tg.tables...) {
+	for _, table := range append([]string{n.Outbox, n.DeadLetters, n.Migrations, n.ClaimLock, n.Inbox, n.Responses, n.Scheduled}, tg.tables...) {
 		if _, err := tg.DB.ExecContext(ctx, "DROP TABLE IF EXISTS "+table); err != nil {
 			errs = append(errs, err)
 		}
