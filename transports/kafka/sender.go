@@ -25,6 +25,8 @@ type Sender struct {
 	cl          *kgo.Client
 	cfg         *SenderConfig
 	clientLimit func(topic string) int32 // kgo.ProducerBatchMaxBytesFn
+	bufferLimit int                      // kgo.MaxBufferedBytes, 0 for none
+	keyOrder    bool                     // KeepsKeyOrder's answer: the client flushes by itself
 
 	mu     sync.Mutex
 	limits map[string]topicLimit // topic → its max.message.bytes
@@ -71,7 +73,9 @@ func NewSender(cl *kgo.Client, cfg *SenderConfig) (*Sender, error) {
 	if limit == nil {
 		limit = func(string) int32 { return 0 }
 	}
-	return &Sender{cl: cl, cfg: c, clientLimit: limit, limits: map[string]topicLimit{}}, nil
+	buffered, _ := cl.OptValue(kgo.MaxBufferedBytes).(int)
+	manual, _ := cl.OptValue(kgo.ManualFlushing).(bool)
+	return &Sender{cl: cl, cfg: c, clientLimit: limit, bufferLimit: buffered, keyOrder: !manual, limits: map[string]topicLimit{}}, nil
 }
 
 // Ping asks the cluster for its brokers (franz-go's Client.Ping: a metadata request to a
@@ -114,6 +118,9 @@ func (s *Sender) limit(topic string) (int, string) {
 	s.mu.Unlock()
 	if tl.bytes > 0 && (limit <= 0 || tl.bytes < limit) {
 		limit, name = tl.bytes, fmt.Sprintf("topic %s's max.message.bytes", topic)
+	}
+	if s.bufferLimit > 0 && (limit <= 0 || s.bufferLimit < limit) {
+		limit, name = s.bufferLimit, "the client's kgo.MaxBufferedBytes"
 	}
 	if s.cfg.MaxMessageBytes > 0 && (limit <= 0 || s.cfg.MaxMessageBytes < limit) {
 		limit, name = s.cfg.MaxMessageBytes, "SenderConfig.MaxMessageBytes"
@@ -175,6 +182,14 @@ func (s *Sender) lookupLimits(ctx context.Context, topics []string) {
 // unknown when ctx ends is reported failed: the relay sends it again, and the consumer's
 // inbox absorbs a second copy. Failures that are the cluster's or the connection's are
 // marked outbox.Unavailable (see the package's Outages section).
+//
+// Send keeps the order of a key's messages ([Sender.KeepsKeyOrder]): they are produced in
+// the order given, to the key's partition, and once one fails every later one of its key
+// fails too without being sent. A message that fails before it is produced (no route,
+// too large) fails the rest of its key in msgs unsent, and once ctx is done nothing more
+// is produced. A failure from the broker is franz-go's to spread: an idempotent producer
+// has one produce request in flight per broker, and a batch it fails fails every record
+// buffered after it for the partition, unsent.
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -209,16 +224,32 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	}
 	results := make(chan result, len(msgs)) // promises never block, even after Send returned
 	pending := 0
+	var failedKeys map[string]string // key → the ID of its message that failed before being produced
 	for i, r := range recs {
-		if r == nil {
+		key := msgs[i].Key
+		if first, ok := failedKeys[key]; ok && key != "" {
+			failed[i] = fmt.Errorf("outboxkafka: message %s not sent: message %s of its key failed before it: %w", msgs[i].ID, first, errKeyFailed)
 			continue
 		}
-		if limit, name := s.limit(r.Topic); limit > 0 {
-			if size := recordSize(r); size > limit {
-				failed[i] = fmt.Errorf("outboxkafka: message %s is %d bytes as a record (value %d), over %s of %s: %w",
-					msgs[i].ID, size, len(r.Value), name, formatBytes(limit), outbox.ErrTooLarge)
-				continue
+		if r != nil {
+			if limit, name := s.limit(r.Topic); limit > 0 {
+				if size := recordSize(r); size > limit {
+					failed[i] = fmt.Errorf("outboxkafka: message %s is %d bytes as a record (value %d), over %s of %s: %w",
+						msgs[i].ID, size, len(r.Value), name, formatBytes(limit), outbox.ErrTooLarge)
+				}
 			}
+		}
+		if err := ctx.Err(); err != nil && failed[i] == nil {
+			failed[i] = fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, err)
+		}
+		if failed[i] != nil {
+			if key != "" {
+				if failedKeys == nil {
+					failedKeys = map[string]string{}
+				}
+				failedKeys[key] = msgs[i].ID.String()
+			}
+			continue
 		}
 		pending++
 		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
@@ -298,9 +329,19 @@ func formatBytes(n int) string {
 	}
 }
 
+// errKeyFailed is the cause of a message not sent because an earlier one of its key failed.
+var errKeyFailed = errors.New("an earlier message of the key failed")
+
+// KeepsKeyOrder reports whether Send keeps key order ([outbox.KeyOrderer]; see Send): true
+// unless the client flushes by hand (kgo.ManualFlushing), which fails records one by one
+// when its buffer is full. The relay then sends a claim's run of a key in one call, which
+// waits for one round of acknowledgements instead of one per event of the key.
+func (s *Sender) KeepsKeyOrder() bool { return s.keyOrder }
+
 var (
-	_ outbox.Sender = (*Sender)(nil)
-	_ outbox.Pinger = (*Sender)(nil)
+	_ outbox.Sender     = (*Sender)(nil)
+	_ outbox.Pinger     = (*Sender)(nil)
+	_ outbox.KeyOrderer = (*Sender)(nil)
 )
 
 // messagingSystem is Kafka's messaging.system in the OpenTelemetry conventions.

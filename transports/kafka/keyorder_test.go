@@ -1,0 +1,297 @@
+package outboxkafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/txoutbox/outbox"
+	outboxkafka "github.com/txoutbox/outbox/transports/kafka"
+)
+
+// checkKeyOrder checks the promise of outbox.KeyOrderer on one Send's result: for every key,
+// its messages' outcomes are deliveries, then failures only. It returns the indexes that
+// were delivered and whether some key failed after a delivery (in the middle of its run).
+func checkKeyOrder(t *testing.T, msgs []outbox.Message, err error) (delivered map[int]bool, midKey bool) {
+	t.Helper()
+	var be *outbox.BatchError
+	if err != nil && !errors.As(err, &be) {
+		t.Fatalf("Send = %v, want nil or a BatchError", err)
+	}
+	delivered = map[int]bool{}
+	firstFailure := map[string]int{}
+	for i, m := range msgs {
+		if be != nil && be.Failed[i] != nil {
+			if _, ok := firstFailure[m.Key]; !ok {
+				firstFailure[m.Key] = i
+				for j := range i {
+					if msgs[j].Key == m.Key && delivered[j] {
+						midKey = true
+						break
+					}
+				}
+			}
+			continue
+		}
+		if f, ok := firstFailure[m.Key]; ok && m.Key != "" {
+			t.Errorf("key %s: message %d delivered after message %d failed", m.Key, i, f)
+		}
+		delivered[i] = true
+	}
+	return delivered, midKey
+}
+
+// topicRecords reads every record of topic (its end offsets say how many) and returns, for
+// each key, the ce_id headers in partition order.
+func topicRecords(t *testing.T, c *kfake.Cluster, cl *kgo.Client, topic string) (map[string][]string, int) {
+	t.Helper()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
+	byKey := map[string][]string{}
+	if total == 0 {
+		return byKey, 0
+	}
+	recs := readRecords(t, c, topic, int(total))
+	for _, r := range recs {
+		id, _ := header(r, "ce_id")
+		byKey[string(r.Key)] = append(byKey[string(r.Key)], id)
+	}
+	return byKey, len(recs)
+}
+
+// keyedRun returns keys × perKey messages, the keys interleaved as a claim of several keys
+// is, with bodies of size bytes.
+func keyedRun(keys, perKey, size int) []outbox.Message {
+	var msgs []outbox.Message
+	for i := range keys * perKey {
+		m := message("orders.created", fmt.Sprintf("customer-%d", i%keys), "")
+		m.Body = []byte(`"` + strings.Repeat("x", size) + `"`)
+		msgs = append(msgs, m)
+	}
+	return msgs
+}
+
+// TestSenderKeepsKeyOrderThroughABrokerFailure: the broker fails a produce request in the
+// middle of a Send of interleaved runs of 8 keys (a non-retriable INVALID_RECORD on the
+// second batch of a partition). Every key's messages are delivered, then failed, never a
+// delivery after a failure; the topic holds exactly the delivered ones, in order; and when
+// the failed ones are sent again, as the relay does, every key's records are its messages
+// in order, each once.
+func TestSenderKeepsKeyOrderThroughABrokerFailure(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	// Small batches: a key's run spans several batches of its partition.
+	cl := newClient(t, c, kgo.ProducerBatchMaxBytes(2048), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	topic := createTopic(t, cl, nil)
+	s, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !outbox.KeepsKeyOrder(s) {
+		t.Fatal("the Sender does not declare outbox.KeyOrderer")
+	}
+	details, err := kadm.NewClient(cl).ListTopics(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topicID := details[topic].ID
+
+	var mu sync.Mutex
+	requests := map[int32]int{} // partition → produce requests that carried a batch of it
+	var failedParts []int32
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		req := kreq.(*kmsg.ProduceRequest)
+		second := false
+		for _, rt := range req.Topics {
+			if rt.Topic != topic && rt.TopicID != topicID {
+				continue
+			}
+			for _, p := range rt.Partitions {
+				requests[p.Partition]++
+				second = second || requests[p.Partition] == 2
+			}
+		}
+		if !second || failedParts != nil {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, p := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode, sp.BaseOffset = p.Partition, kerr.InvalidRecord.Code, -1
+				st.Partitions = append(st.Partitions, sp)
+				failedParts = append(failedParts, p.Partition)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+
+	msgs := keyedRun(8, 40, 100)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sendErr := s.Send(ctx, msgs)
+	mu.Lock()
+	parts := failedParts
+	mu.Unlock()
+	if parts == nil {
+		t.Fatalf("no produce request was failed (Send: %v)", sendErr)
+	}
+	delivered, midKey := checkKeyOrder(t, msgs, sendErr)
+	if !midKey {
+		t.Fatal("no key failed in the middle of its run: the failure did not test the promise")
+	}
+	var be *outbox.BatchError
+	errors.As(sendErr, &be)
+	for i, err := range be.Failed {
+		if !errors.Is(err, kerr.InvalidRecord) {
+			t.Errorf("message %d: %v, want the broker's INVALID_RECORD", i, err)
+		}
+	}
+	t.Logf("failed partitions %v: %d of %d messages delivered", parts, len(delivered), len(msgs))
+
+	// The topic holds the delivered messages, and only those, in each key's order.
+	want := map[string][]string{}
+	for i, m := range msgs {
+		if delivered[i] {
+			want[m.Key] = append(want[m.Key], m.ID.String())
+		}
+	}
+	got, n := topicRecords(t, c, cl, topic)
+	if n != len(delivered) {
+		t.Errorf("the topic holds %d records, want the %d delivered", n, len(delivered))
+	}
+	for k, ids := range want {
+		if !slices.Equal(got[k], ids) {
+			t.Errorf("key %s: the topic holds %v, want %v", k, got[k], ids)
+		}
+	}
+
+	// Sent again, as the relay does: each key's records are its messages, in order, once.
+	var again []outbox.Message
+	for i, m := range msgs {
+		if !delivered[i] {
+			again = append(again, m)
+		}
+	}
+	if err := s.Send(ctx, again); err != nil {
+		t.Fatalf("sending the failed messages again: %v", err)
+	}
+	all := map[string][]string{}
+	for _, m := range msgs {
+		all[m.Key] = append(all[m.Key], m.ID.String())
+	}
+	got, n = topicRecords(t, c, cl, topic)
+	if n != len(msgs) {
+		t.Errorf("the topic holds %d records, want %d", n, len(msgs))
+	}
+	for k, ids := range all {
+		if !slices.Equal(got[k], ids) {
+			t.Errorf("key %s after the resend: the topic holds %v, want %v", k, got[k], ids)
+		}
+	}
+}
+
+// TestSenderFailsTheRestOfAKeyUnsent: a message that fails before it is produced (over the
+// size limit, or with no route) fails the later messages of its key in the call, unsent;
+// the earlier ones and the other keys are delivered.
+func TestSenderFailsTheRestOfAKeyUnsent(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	cl := newClient(t, c)
+	topic := createTopic(t, cl, nil)
+	s, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Topic: topic, MaxMessageBytes: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := keyedRun(3, 4, 10)                                   // keys 0 1 2 0 1 2 …
+	msgs[3].Body = []byte(`"` + strings.Repeat("x", 2000) + `"`) // key 0's second: too large
+	strict, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Routes: map[string]string{"orders.created": topic}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Send(context.Background(), msgs)
+	delivered, _ := checkKeyOrder(t, msgs, err)
+	if e := failedAt(t, err, 3); !errors.Is(e, outbox.ErrTooLarge) {
+		t.Errorf("message 3: %v, want outbox.ErrTooLarge", e)
+	}
+	for _, i := range []int{6, 9} {
+		if e := failedAt(t, err, i); errors.Is(e, outbox.ErrTooLarge) || !strings.Contains(e.Error(), "not sent") {
+			t.Errorf("message %d (key 0, after the failed one): %v, want not sent", i, e)
+		}
+	}
+	if len(delivered) != 9 {
+		t.Errorf("%d messages delivered, want 9 (key 0's first, keys 1 and 2)", len(delivered))
+	}
+
+	// No route for key 1's third message (strict has no default topic).
+	msgs2 := keyedRun(2, 4, 10)
+	msgs2[5].Type = "users.created"
+	err = strict.Send(context.Background(), msgs2)
+	delivered2, _ := checkKeyOrder(t, msgs2, err)
+	if e := failedAt(t, err, 5); !outbox.IsPermanent(e) {
+		t.Errorf("message 5: %v, want a permanent error", e)
+	}
+	if e := failedAt(t, err, 7); !strings.Contains(e.Error(), "not sent") {
+		t.Errorf("message 7: %v, want not sent", e)
+	}
+	if len(delivered2) != 6 {
+		t.Errorf("%d messages delivered, want 6", len(delivered2))
+	}
+
+	got, n := topicRecords(t, c, cl, topic)
+	if n != len(delivered)+len(delivered2) {
+		t.Errorf("the topic holds %d records, want the %d delivered", n, len(delivered)+len(delivered2))
+	}
+	want := map[string][]string{}
+	for i, m := range msgs {
+		if delivered[i] {
+			want[m.Key] = append(want[m.Key], m.ID.String())
+		}
+	}
+	for i, m := range msgs2 {
+		if delivered2[i] {
+			want[m.Key] = append(want[m.Key], m.ID.String())
+		}
+	}
+	for k, ids := range want {
+		if !slices.Equal(got[k], ids) {
+			t.Errorf("key %s: the topic holds %v, want %v", k, got[k], ids)
+		}
+	}
+}
+
+// TestSenderKeepsKeyOrderUnlessFlushedByHand: a client with kgo.ManualFlushing fails records
+// one by one when its buffer is full, so its Sender does not promise key order.
+func TestSenderKeepsKeyOrderUnlessFlushedByHand(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	s, err := outboxkafka.NewSender(newClient(t, c, kgo.ManualFlushing()), &outboxkafka.SenderConfig{Topic: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outbox.KeepsKeyOrder(s) {
+		t.Error("a manually flushed client's Sender declares key order")
+	}
+}
