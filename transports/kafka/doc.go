@@ -11,6 +11,14 @@
 // the order the relay sent them; keyless events spread over the partitions. Each event
 // type goes to its route's topic, or to the default topic ([SenderConfig]).
 //
+// The Sender keeps key order within a call (outbox.KeyOrderer, [Sender.KeepsKeyOrder]), so
+// the relay sends a claim's run of a key in one call and waits for one round of
+// acknowledgements, not one per event of the key. A key's messages are produced in order;
+// one that fails before it is produced (no route, too large) fails the rest of its key in
+// the call unsent; and a batch the broker fails fails, in franz-go, every record buffered
+// after it for the partition (an idempotent producer has one request in flight per broker),
+// so none of them is written. A client with kgo.ManualFlushing does not keep it.
+//
 // A record is checked against the size limits before it is produced: the client's
 // kgo.ProducerBatchMaxBytes, the topic's max.message.bytes (read once per topic with
 // DescribeConfigs) and [SenderConfig].MaxMessageBytes. An oversize record fails with an
