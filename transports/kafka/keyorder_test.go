@@ -2,6 +2,7 @@ package outboxkafka_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/outboxtest"
 	outboxkafka "github.com/txoutbox/outbox/transports/kafka"
 )
 
@@ -294,4 +296,115 @@ func TestSenderKeepsKeyOrderUnlessFlushedByHand(t *testing.T) {
 	if outbox.KeepsKeyOrder(s) {
 		t.Error("a manually flushed client's Sender declares key order")
 	}
+}
+
+// keyCalls is a Sender wrapper that notes whether the relay ever gave it several messages of
+// one key in one call, forwarding the Sender's outbox.KeyOrderer.
+type keyCalls struct {
+	outbox.Sender
+	mu       sync.Mutex
+	multiKey bool
+}
+
+func (k *keyCalls) Send(ctx context.Context, msgs []outbox.Message) error {
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if seen[m.Key] {
+			k.mu.Lock()
+			k.multiKey = true
+			k.mu.Unlock()
+			break
+		}
+		seen[m.Key] = true
+	}
+	return k.Sender.Send(ctx, msgs)
+}
+
+func (k *keyCalls) KeepsKeyOrder() bool { return outbox.KeepsKeyOrder(k.Sender) }
+
+// TestRelayKeepsKeyOrderThroughBrokerFailures: a relay drains 8 customers' orders (40 each)
+// through the Kafka Sender, which gets a claim's runs of a key in one call, while the broker
+// fails one produce request in three (INVALID_RECORD, five times). Every order reaches the
+// topic exactly once, and each customer's orders are in the topic in commit order.
+func TestRelayKeepsKeyOrderThroughBrokerFailures(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	cl := newClient(t, c, kgo.ProducerBatchMaxBytes(4096), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	topic := createTopic(t, cl, nil)
+	s, err := outboxkafka.NewSender(cl, &outboxkafka.SenderConfig{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	requests, failures := 0, 0
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		requests++
+		if requests%3 != 2 || failures == 5 {
+			return nil, nil, false
+		}
+		failures++
+		req := kreq.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, p := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode, sp.BaseOffset = p.Partition, kerr.InvalidRecord.Code, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+
+	pl := newPipeline(t)
+	customers := make([]string, 8)
+	for i := range customers {
+		customers[i] = fmt.Sprintf("customer-%d", i)
+	}
+	for range 40 {
+		pl.commit(customers...)
+	}
+	sender := &keyCalls{Sender: s}
+	stop := run(t, pl.relay("ordered", sender).Run)
+	outboxtest.WaitFor(t, 60*time.Second, "the outbox to drain", func() bool { return pl.p.Count(t, "outbox") == 0 })
+	stop()
+	mu.Lock()
+	failed := failures
+	mu.Unlock()
+	if failed == 0 {
+		t.Fatal("the broker failed no produce request")
+	}
+	sender.mu.Lock()
+	multiKey := sender.multiKey
+	sender.mu.Unlock()
+	if !multiKey {
+		t.Error("the relay never sent two messages of one key in one call: it sent in waves")
+	}
+	if n := pl.p.Count(t, "outbox_dead_letters"); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+
+	recs := readRecords(t, c, topic, 8*40)
+	next := map[string]int{}
+	for _, r := range recs {
+		var o orderPlaced
+		if err := json.Unmarshal(r.Value, &o); err != nil {
+			t.Fatal(err)
+		}
+		if o.Seq != next[o.Customer] {
+			t.Errorf("customer %s: order #%d in the topic where #%d was due", o.Customer, o.Seq, next[o.Customer])
+		}
+		next[o.Customer] = o.Seq + 1
+	}
+	got, n := topicRecords(t, c, cl, topic)
+	if n != 8*40 || len(got) != 8 {
+		t.Errorf("the topic holds %d records of %d keys, want %d of 8", n, len(got), 8*40)
+	}
+	t.Logf("%d produce requests failed; every customer's 40 orders in the topic once, in order", failed)
 }
