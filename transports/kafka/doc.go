@@ -12,12 +12,13 @@
 // type goes to its route's topic, or to the default topic ([SenderConfig]).
 //
 // The Sender keeps key order within a call (outbox.KeyOrderer, [Sender.KeepsKeyOrder]), so
-// the relay sends a claim's run of a key in one call and waits for one round of
-// acknowledgements, not one per event of the key. A key's messages are produced in order;
-// one that fails before it is produced (no route, too large) fails the rest of its key in
-// the call unsent; and a batch the broker fails fails, in franz-go, every record buffered
-// after it for the partition (an idempotent producer has one request in flight per broker),
-// so none of them is written. A client with kgo.ManualFlushing does not keep it.
+// the relay sends a claim's runs of all its keys in one call instead of one event of each
+// key per call. A key's messages are produced one at a time, the next once the broker
+// acknowledged the one before (keys, and keyless messages, go side by side); a message that
+// fails, before it is produced (no route, too large) or at the broker, fails the rest of
+// its key in the call unsent. franz-go alone would not keep the promise: after a failed
+// batch it fails the records already buffered for the partition, but a record produced a
+// moment later is written. A client with kgo.ManualFlushing does not keep it.
 //
 // A record is checked against the size limits before it is produced: the client's
 // kgo.ProducerBatchMaxBytes, the topic's max.message.bytes (read once per topic with

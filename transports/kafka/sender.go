@@ -184,12 +184,11 @@ func (s *Sender) lookupLimits(ctx context.Context, topics []string) {
 // marked outbox.Unavailable (see the package's Outages section).
 //
 // Send keeps the order of a key's messages ([Sender.KeepsKeyOrder]): they are produced in
-// the order given, to the key's partition, and once one fails every later one of its key
-// fails too without being sent. A message that fails before it is produced (no route,
-// too large) fails the rest of its key in msgs unsent, and once ctx is done nothing more
-// is produced. A failure from the broker is franz-go's to spread: an idempotent producer
-// has one produce request in flight per broker, and a batch it fails fails every record
-// buffered after it for the partition, unsent.
+// the order given, to the key's partition, one at a time (the next once the broker
+// acknowledged the one before; keys, and keyless messages, go side by side), and once one
+// fails every later one of its key fails too without being sent. A message that fails
+// before it is produced (no route, too large) fails the rest of its key in msgs unsent,
+// and once ctx is done nothing more is produced.
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -224,7 +223,17 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	}
 	results := make(chan result, len(msgs)) // promises never block, even after Send returned
 	pending := 0
+	produce := func(i int) {
+		pending++
+		s.cl.Produce(ctx, recs[i], func(_ *kgo.Record, err error) { results <- result{i, err} })
+	}
+	// A key's records go one at a time: the next is produced once the broker acknowledged
+	// the one before, so none is written after one of its key that failed. (franz-go fails
+	// the records buffered for a partition after a failed batch, but not those produced
+	// after the failure: those would be written.) Keys, and keyless records, go side by side.
 	var failedKeys map[string]string // key → the ID of its message that failed before being produced
+	var inFlight map[string]bool     // keys with a record produced and not yet answered
+	var waiting map[string][]int     // key → its records waiting for the one before
 	for i, r := range recs {
 		key := msgs[i].Key
 		if first, ok := failedKeys[key]; ok && key != "" {
@@ -242,23 +251,57 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		if err := ctx.Err(); err != nil && failed[i] == nil {
 			failed[i] = fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, err)
 		}
-		if failed[i] != nil {
+		switch {
+		case failed[i] != nil:
 			if key != "" {
 				if failedKeys == nil {
 					failedKeys = map[string]string{}
 				}
 				failedKeys[key] = msgs[i].ID.String()
 			}
-			continue
+		case key == "":
+			produce(i)
+		case inFlight[key]:
+			if waiting == nil {
+				waiting = map[string][]int{}
+			}
+			waiting[key] = append(waiting[key], i)
+		default:
+			if inFlight == nil {
+				inFlight = map[string]bool{}
+			}
+			inFlight[key] = true
+			produce(i)
 		}
-		pending++
-		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
 	}
-	done := make(map[int]bool, pending)
+	// next produces the record of key waiting behind the one just acknowledged, or fails
+	// those waiting, unsent, with why.
+	next := func(key string, why func(i int) error) {
+		q := waiting[key]
+		if len(q) == 0 {
+			return
+		}
+		if why == nil {
+			if err := ctx.Err(); err != nil {
+				why = func(i int) error { return fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, err) }
+			}
+		}
+		if why == nil {
+			waiting[key] = q[1:]
+			produce(q[0])
+			return
+		}
+		for _, i := range q {
+			failed[i] = why(i)
+		}
+		delete(waiting, key)
+	}
+	done := make(map[int]bool, len(msgs))
 	var refused []int // records the broker found too large
-	for ; pending > 0; pending-- {
+	for pending > 0 {
 		select {
 		case res := <-results:
+			pending--
 			done[res.i] = true
 			switch {
 			case res.err == nil:
@@ -267,13 +310,25 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			default:
 				failed[res.i] = fmt.Errorf("outboxkafka: producing message %s to %s: %w", msgs[res.i].ID, recs[res.i].Topic, res.err)
 			}
+			if key := msgs[res.i].Key; key != "" {
+				var why func(int) error
+				if res.err != nil {
+					why = func(i int) error {
+						return fmt.Errorf("outboxkafka: message %s not sent: message %s of its key failed before it: %w", msgs[i].ID, msgs[res.i].ID, errKeyFailed)
+					}
+				}
+				next(key, why)
+			}
 		case <-ctx.Done():
+			for key := range waiting {
+				next(key, func(i int) error { return fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, ctx.Err()) })
+			}
 			for i, r := range recs {
 				if r != nil && !done[i] && failed[i] == nil {
 					failed[i] = fmt.Errorf("outboxkafka: no acknowledgement for message %s on %s: %w", msgs[i].ID, r.Topic, ctx.Err())
 				}
 			}
-			pending = 1 // leave the loop
+			pending = 0 // leave the loop
 		}
 	}
 	if len(refused) > 0 {
@@ -334,8 +389,9 @@ var errKeyFailed = errors.New("an earlier message of the key failed")
 
 // KeepsKeyOrder reports whether Send keeps key order ([outbox.KeyOrderer]; see Send): true
 // unless the client flushes by hand (kgo.ManualFlushing), which fails records one by one
-// when its buffer is full. The relay then sends a claim's run of a key in one call, which
-// waits for one round of acknowledgements instead of one per event of the key.
+// when its buffer is full. The relay then sends a claim in one call: each key's messages
+// still wait for the acknowledgement of the one before, but every key moves on its own,
+// without the relay's waves (a call per round of one message of each key).
 func (s *Sender) KeepsKeyOrder() bool { return s.keyOrder }
 
 var (
