@@ -11,20 +11,25 @@
 // the order the relay sent them; keyless events spread over the partitions. Each event
 // type goes to its route's topic, or to the default topic ([SenderConfig]).
 //
-// The Sender keeps key order within a call (outbox.KeyOrderer, [Sender.KeepsKeyOrder]), so
-// the relay sends a claim's runs of all its keys in one call instead of one event of each
-// key per call. A key's messages are produced one at a time, the next once the broker
-// acknowledged the one before (keys, and keyless messages, go side by side); a message that
-// fails, before it is produced (no route, too large) or at the broker, fails the rest of
-// its key in the call unsent. franz-go alone would not keep the promise: after a failed
-// batch it fails the records already buffered for the partition, but a record produced a
-// moment later is written. A client with kgo.ManualFlushing does not keep it.
-//
 // A record is checked against the size limits before it is produced: the client's
 // kgo.ProducerBatchMaxBytes, the topic's max.message.bytes (read once per topic with
 // DescribeConfigs) and [SenderConfig].MaxMessageBytes. An oversize record fails with an
 // error wrapping outbox.ErrTooLarge that names the limit, and the relay dead-letters it at
 // once; a refusal by the broker itself (MESSAGE_TOO_LARGE) is reported the same way.
+//
+// # Key order
+//
+// [Sender.Send] keeps the order of a key's messages within a call: they are produced one
+// at a time, the next once the broker acknowledged the one before (keys, and keyless
+// messages, go side by side), and a message that fails, before it is produced (no route,
+// too large) or at the broker, fails the rest of its key in the call unsent. franz-go alone
+// would not keep that: after a failed batch it fails the records already buffered for the
+// partition, but a record produced a moment later is written. The Sender does not declare
+// outbox.KeyOrderer, so the relay still sends it one message of each key per call
+// (waves): with a key's records waiting for each other's acknowledgement, a claim in one
+// call drains no faster (measured against kfake), and it must fit in one SendTimeout, where
+// waves past the lease are given back without an error; a hot key's run on a slow cluster
+// would time out and pause the relay as if the broker were down.
 //
 // # Outages
 //

@@ -26,7 +26,6 @@ type Sender struct {
 	cfg         *SenderConfig
 	clientLimit func(topic string) int32 // kgo.ProducerBatchMaxBytesFn
 	bufferLimit int                      // kgo.MaxBufferedBytes, 0 for none
-	keyOrder    bool                     // KeepsKeyOrder's answer: the client flushes by itself
 
 	mu     sync.Mutex
 	limits map[string]topicLimit // topic → its max.message.bytes
@@ -74,8 +73,7 @@ func NewSender(cl *kgo.Client, cfg *SenderConfig) (*Sender, error) {
 		limit = func(string) int32 { return 0 }
 	}
 	buffered, _ := cl.OptValue(kgo.MaxBufferedBytes).(int)
-	manual, _ := cl.OptValue(kgo.ManualFlushing).(bool)
-	return &Sender{cl: cl, cfg: c, clientLimit: limit, bufferLimit: buffered, keyOrder: !manual, limits: map[string]topicLimit{}}, nil
+	return &Sender{cl: cl, cfg: c, clientLimit: limit, bufferLimit: buffered, limits: map[string]topicLimit{}}, nil
 }
 
 // Ping asks the cluster for its brokers (franz-go's Client.Ping: a metadata request to a
@@ -183,12 +181,13 @@ func (s *Sender) lookupLimits(ctx context.Context, topics []string) {
 // inbox absorbs a second copy. Failures that are the cluster's or the connection's are
 // marked outbox.Unavailable (see the package's Outages section).
 //
-// Send keeps the order of a key's messages ([Sender.KeepsKeyOrder]): they are produced in
-// the order given, to the key's partition, one at a time (the next once the broker
-// acknowledged the one before; keys, and keyless messages, go side by side), and once one
-// fails every later one of its key fails too without being sent. A message that fails
-// before it is produced (no route, too large) fails the rest of its key in msgs unsent,
-// and once ctx is done nothing more is produced.
+// Send keeps the order of a key's messages within a call: they are produced in the order
+// given, to the key's partition, one at a time (the next once the broker acknowledged the
+// one before; keys, and keyless messages, go side by side), and once one fails every later
+// one of its key fails too without being sent. A message that fails before it is produced
+// (no route, too large) fails the rest of its key in msgs unsent, and once ctx is done
+// nothing more is produced. The Sender does not declare outbox.KeyOrderer all the same, so
+// the relay sends it one message of each key per call (see the package doc, Key order).
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -387,17 +386,9 @@ func formatBytes(n int) string {
 // errKeyFailed is the cause of a message not sent because an earlier one of its key failed.
 var errKeyFailed = errors.New("an earlier message of the key failed")
 
-// KeepsKeyOrder reports whether Send keeps key order ([outbox.KeyOrderer]; see Send): true
-// unless the client flushes by hand (kgo.ManualFlushing), which fails records one by one
-// when its buffer is full. The relay then sends a claim in one call: each key's messages
-// still wait for the acknowledgement of the one before, but every key moves on its own,
-// without the relay's waves (a call per round of one message of each key).
-func (s *Sender) KeepsKeyOrder() bool { return s.keyOrder }
-
 var (
-	_ outbox.Sender     = (*Sender)(nil)
-	_ outbox.Pinger     = (*Sender)(nil)
-	_ outbox.KeyOrderer = (*Sender)(nil)
+	_ outbox.Sender = (*Sender)(nil)
+	_ outbox.Pinger = (*Sender)(nil)
 )
 
 // messagingSystem is Kafka's messaging.system in the OpenTelemetry conventions.
