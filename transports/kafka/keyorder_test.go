@@ -76,6 +76,24 @@ func topicRecords(t *testing.T, c *kfake.Cluster, cl *kgo.Client, topic string) 
 	return byKey, len(recs)
 }
 
+// invalidRecord answers a produce request as a broker refusing every batch in it with
+// INVALID_RECORD, an error franz-go does not retry.
+func invalidRecord(req *kmsg.ProduceRequest) *kmsg.ProduceResponse {
+	resp := req.ResponseKind().(*kmsg.ProduceResponse)
+	resp.Version = req.Version
+	for _, rt := range req.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, p := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition, sp.ErrorCode, sp.BaseOffset = p.Partition, kerr.InvalidRecord.Code, -1
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
+}
+
 // keyedRun returns keys × perKey messages, the keys interleaved as a claim of several keys
 // is, with bodies of size bytes.
 func keyedRun(keys, perKey, size int) []outbox.Message {
@@ -132,20 +150,12 @@ func TestSenderKeepsKeyOrderThroughABrokerFailure(t *testing.T) {
 		if !second || failedParts != nil {
 			return nil, nil, false
 		}
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		resp.Version = req.Version
 		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
 			for _, p := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode, sp.BaseOffset = p.Partition, kerr.InvalidRecord.Code, -1
-				st.Partitions = append(st.Partitions, sp)
 				failedParts = append(failedParts, p.Partition)
 			}
-			resp.Topics = append(resp.Topics, st)
 		}
-		return resp, nil, true
+		return invalidRecord(req), nil, true
 	})
 
 	msgs := keyedRun(8, 40, 100)
@@ -339,20 +349,7 @@ func TestRelayKeepsKeyOrderThroughBrokerFailures(t *testing.T) {
 			return nil, nil, false
 		}
 		failures++
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		resp.Version = req.Version
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, p := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode, sp.BaseOffset = p.Partition, kerr.InvalidRecord.Code, -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return invalidRecord(kreq.(*kmsg.ProduceRequest)), nil, true
 	})
 
 	pl := newPipeline(t)
