@@ -579,8 +579,12 @@ func (c *Consumer) handle(ctx context.Context, r received) {
 		c.unavailable(ctx, r, dest, err)
 	case outbox.IsPermanent(err):
 		kind := deadletter.KindPermanent
-		if errors.As(err, new(*undecodable)) {
+		var classified deadletter.Classified
+		switch {
+		case errors.As(err, new(*undecodable)):
 			kind = deadletter.KindUndecodable
+		case errors.As(err, &classified):
+			kind = classified.DeadLetterKind()
 		}
 		c.deadLetter(ctx, r, deadletter.Entry{Message: m, Kind: kind, Reason: err.Error()}, attempt, dest)
 	case c.avail.discount(m.ID, attempt) >= c.cfg.MaxAttempts:

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,23 +33,7 @@ type Unhandled struct{}
 func (Unhandled) EventType() string { return "orders.unhandled" }
 
 // memoryDLQ collects dead letters; the SQL tables are tested with each adapter.
-type memoryDLQ struct {
-	mu      sync.Mutex
-	entries []deadletter.Entry
-}
-
-func (q *memoryDLQ) Add(_ context.Context, e deadletter.Entry) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.entries = append(q.entries, e)
-	return nil
-}
-
-func (q *memoryDLQ) all() []deadletter.Entry {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return append([]deadletter.Entry(nil), q.entries...)
-}
+type memoryDLQ = outboxtest.DeadLetters
 
 type harness struct {
 	q    *outboxmemory.Queue
@@ -130,7 +115,7 @@ func TestPoisonNeverBlocksOthers(t *testing.T) {
 		t.Fatalf("handled %d events, want 20", len(handled))
 	}
 	mu.Unlock()
-	dl := h.dlq.all()
+	dl := h.dlq.Entries()
 	if len(dl) != 2 {
 		t.Fatalf("dead letters: %+v", dl)
 	}
@@ -163,8 +148,8 @@ func TestRetryThenSuccess(t *testing.T) {
 	h.send(t, outbox.New(Paid{1}))
 	h.run(t)
 	outboxtest.WaitFor(t, 10*time.Second, "the message to be acknowledged", func() bool { return h.q.Len() == 0 })
-	if attempts != 3 || len(h.dlq.all()) != 0 {
-		t.Fatalf("attempts %d, dead letters %d; want 3 and 0", attempts, len(h.dlq.all()))
+	if attempts != 3 || len(h.dlq.Entries()) != 0 {
+		t.Fatalf("attempts %d, dead letters %d; want 3 and 0", attempts, len(h.dlq.Entries()))
 	}
 }
 
@@ -181,10 +166,10 @@ func TestMaxAttemptsAndPermanent(t *testing.T) {
 	})
 	h.send(t, outbox.New(Paid{1}), outbox.New(Paid{2}), outbox.New(Paid{3}))
 	h.run(t)
-	outboxtest.WaitFor(t, 10*time.Second, "three dead letters", func() bool { return len(h.dlq.all()) == 3 })
+	outboxtest.WaitFor(t, 10*time.Second, "three dead letters", func() bool { return len(h.dlq.Entries()) == 3 })
 	outboxtest.WaitFor(t, 10*time.Second, "the queue to empty", func() bool { return h.q.Len() == 0 })
 	byOrder := map[string]deadletter.Entry{}
-	for _, e := range h.dlq.all() {
+	for _, e := range h.dlq.Entries() {
 		byOrder[string(e.Message.Body)] = e
 	}
 	if e := byOrder[`{"order":1}`]; e.Attempts != 1 || e.Reason != "order 1 is invalid" {
@@ -302,7 +287,7 @@ func TestShutdownFinishesInFlightAndNeverAcksUnfinished(t *testing.T) {
 	if n := h.q.Len(); n != 1 {
 		t.Fatalf("%d messages left unacknowledged, want 1 (the interrupted one)", n)
 	}
-	if len(h.dlq.all()) != 0 {
+	if len(h.dlq.Entries()) != 0 {
 		t.Fatal("an interrupted message was dead-lettered")
 	}
 }
@@ -438,16 +423,12 @@ func TestPointerPayloadHandler(t *testing.T) {
 // flakyDLQ fails its first fails writes, as a dead-letter table that is down would.
 type flakyDLQ struct {
 	memoryDLQ
-	fails int
-	tries int
+	fails int32
+	tries atomic.Int32
 }
 
 func (q *flakyDLQ) Add(ctx context.Context, e deadletter.Entry) error {
-	q.mu.Lock()
-	q.tries++
-	down := q.tries <= q.fails
-	q.mu.Unlock()
-	if down {
+	if q.tries.Add(1) <= q.fails {
 		return errors.New("connection refused")
 	}
 	return q.memoryDLQ.Add(ctx, e)
@@ -477,7 +458,7 @@ func TestDeadLetterStoreDownIsRetried(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	dl := dlq.all()
+	dl := dlq.Entries()
 	if len(dl) != 1 || dl[0].Attempts != 4 || dl[0].Kind != deadletter.KindUnknownType {
 		t.Fatalf("dead letters %+v: want one, at the 4th delivery, kind unknown-type", dl)
 	}
@@ -509,7 +490,7 @@ func TestMalformedDeliveryKeepsEvidence(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	dl := dlq.all()
+	dl := dlq.Entries()
 	if len(dl) != 1 {
 		t.Fatalf("%d dead letters", len(dl))
 	}
@@ -560,4 +541,32 @@ func (r *oneDelivery) Nack(context.Context, time.Duration) error {
 	defer r.mu.Unlock()
 	r.nacked = true
 	return nil
+}
+
+// kindedError names its dead-letter kind (deadletter.Classified).
+type kindedError struct{}
+
+func (kindedError) Error() string                   { return "blob gone" }
+func (kindedError) DeadLetterKind() deadletter.Kind { return deadletter.KindBlobMissing }
+
+// TestClassifiedKind: a permanent error that names its kind is dead-lettered with it; an
+// unnamed one stays "permanent".
+func TestClassifiedKind(t *testing.T) {
+	h := newHarness(t, nil, consumer.Config{})
+	consumer.Handle(h.c, func(ctx context.Context, e outbox.Event[Paid]) error {
+		if e.Payload.Order == 1 {
+			return outbox.Permanent(fmt.Errorf("order 1: %w", kindedError{}))
+		}
+		return outbox.Permanent(errors.New("order 2 is invalid"))
+	})
+	h.send(t, outbox.New(Paid{1}), outbox.New(Paid{2}))
+	h.run(t)
+	outboxtest.WaitFor(t, 10*time.Second, "two dead letters", func() bool { return len(h.dlq.Entries()) == 2 })
+	kinds := map[string]deadletter.Kind{}
+	for _, e := range h.dlq.Entries() {
+		kinds[string(e.Message.Body)] = e.Kind
+	}
+	if kinds[`{"order":1}`] != deadletter.KindBlobMissing || kinds[`{"order":2}`] != deadletter.KindPermanent {
+		t.Fatalf("kinds %v, want blob-missing for the classified error and permanent for the other", kinds)
+	}
 }

@@ -69,8 +69,8 @@ func TestMiddlewareWrapsEveryHandler(t *testing.T) {
 	}
 	mu.Unlock()
 	h.send(t, outbox.New(Unhandled{}))
-	outboxtest.WaitFor(t, 5*time.Second, "the middleware's panic to be dead-lettered", func() bool { return len(h.dlq.all()) == 1 })
-	if e := h.dlq.all()[0]; e.Kind != deadletter.KindPermanent || !strings.Contains(e.Reason, "middleware bug") {
+	outboxtest.WaitFor(t, 5*time.Second, "the middleware's panic to be dead-lettered", func() bool { return len(h.dlq.Entries()) == 1 })
+	if e := h.dlq.Entries()[0]; e.Kind != deadletter.KindPermanent || !strings.Contains(e.Reason, "middleware bug") {
 		t.Errorf("dead letter %+v", e)
 	}
 }
@@ -96,7 +96,7 @@ func TestOnDeadLetterOncePerDeadLetter(t *testing.T) {
 	})
 	h.run(t)
 	h.send(t, outbox.New(Paid{Order: 1}), outbox.New(Paid{Order: 2}), outbox.New(Unhandled{}))
-	outboxtest.WaitFor(t, 5*time.Second, "three dead letters", func() bool { return len(h.dlq.all()) == 3 })
+	outboxtest.WaitFor(t, 5*time.Second, "three dead letters", func() bool { return len(h.dlq.Entries()) == 3 })
 	h.stop()
 	mu.Lock()
 	defer mu.Unlock()

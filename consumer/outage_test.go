@@ -106,7 +106,7 @@ func TestUnavailableDependencyPausesAndNeverDeadLetters(t *testing.T) {
 	}
 	db.down.Store(false)
 	outboxtest.WaitFor(t, 10*time.Second, "every event to be handled", func() bool { return h.q.Len() == 0 })
-	if dl := h.dlq.all(); len(dl) != 0 {
+	if dl := h.dlq.Entries(); len(dl) != 0 {
 		t.Fatalf("%d dead letters, want 0: %+v", len(dl), dl[0])
 	}
 	handled := db.times()
@@ -150,7 +150,7 @@ func TestDeadLetterTableDownPausesAndNeverAcks(t *testing.T) {
 	}
 	dl.down.Store(false)
 	outboxtest.WaitFor(t, 10*time.Second, "the message to be dead-lettered and acked", func() bool { return q.Len() == 0 })
-	if got := dl.all(); len(got) != 1 || got[0].Kind != deadletter.KindPermanent {
+	if got := dl.Entries(); len(got) != 1 || got[0].Kind != deadletter.KindPermanent {
 		t.Fatalf("dead letters %+v, want the one permanent failure", got)
 	}
 	outboxtest.WaitFor(t, 10*time.Second, "the consumer to resume", func() bool { return c.State().Healthy() })
@@ -197,17 +197,17 @@ func TestUnknownTypePolicies(t *testing.T) {
 			switch policy {
 			case consumer.DeadLetterUnknownTypes:
 				outboxtest.WaitFor(t, 10*time.Second, "the queue to empty", func() bool { return q.Len() == 0 })
-				if dl := dlq.all(); len(dl) != 1 || dl[0].Kind != deadletter.KindUnknownType {
+				if dl := dlq.Entries(); len(dl) != 1 || dl[0].Kind != deadletter.KindUnknownType {
 					t.Fatalf("dead letters %+v, want one unknown-type", dl)
 				}
 			case consumer.AcknowledgeUnknownTypes:
 				outboxtest.WaitFor(t, 10*time.Second, "the queue to empty", func() bool { return q.Len() == 0 })
-				if dl := dlq.all(); len(dl) != 0 {
+				if dl := dlq.Entries(); len(dl) != 0 {
 					t.Fatalf("dead letters %+v, want none", dl)
 				}
 			case consumer.RetryUnknownTypes:
 				outboxtest.WaitFor(t, 10*time.Second, "the unknown type to be delivered past MaxAttempts", func() bool { return r.count.Load() >= 5 })
-				if dl := dlq.all(); len(dl) != 0 || q.Len() != 1 {
+				if dl := dlq.Entries(); len(dl) != 0 || q.Len() != 1 {
 					t.Fatalf("dead letters %+v and %d queued, want none and the unknown type waiting", dl, q.Len())
 				}
 			}

@@ -80,7 +80,21 @@ const (
 	// or is being replayed; the reason names that entry. Replay it after the entry that
 	// holds the key, as [KeyHolds] describes.
 	KindHeld Kind = "held"
+	// KindBlobMissing: the event travelled as a claim check (a CloudEvents dataref naming
+	// a blob, see package claimcheck) and the blob was not in the consumer's blob store:
+	// removed before the event was handled (a retention shorter than the redelivery
+	// horizon), never written, or named outside the store. Message holds the reference,
+	// not the body.
+	KindBlobMissing Kind = "blob-missing"
 )
+
+// Classified is an error that names its dead-letter kind. A handler error that is
+// [outbox.Permanent] and wraps one is dead-lettered with that kind instead of
+// [KindPermanent] (claimcheck's missing blob is [KindBlobMissing]).
+type Classified interface {
+	error
+	DeadLetterKind() Kind
+}
 
 // Entry is one dead letter.
 type Entry struct {

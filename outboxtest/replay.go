@@ -29,6 +29,11 @@ type PipelineFixture struct {
 	RetryBackoff time.Duration
 	// Timeout bounds each wait. Default 60s.
 	Timeout time.Duration
+	// Idempotent wraps h with the adapter's Idempotent over this outbox's inbox (h runs in
+	// the inbox's transaction, once per event). ExerciseClaimCheck needs it.
+	Idempotent func(h consumer.Handler[Note]) consumer.Handler[Note]
+	// Dedup: the destination drops a re-sent message with an ID it has seen recently.
+	Dedup bool
 }
 
 // ExerciseRetryDeadLetterReplay proves, against a real broker, the consumer's failure path:

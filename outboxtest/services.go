@@ -1,6 +1,7 @@
 package outboxtest
 
 import (
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -35,6 +36,18 @@ func AzuriteConnString() string {
 	return envOr("TXOUTBOX_AZURITE_CONN", AzuriteDevConnString(10001))
 }
 
+// AzuriteBlobConnString is $TXOUTBOX_AZURITE_BLOB_CONN or the local Azurite's blob service
+// (127.0.0.1:10000) with the well-known development account.
+func AzuriteBlobConnString() string {
+	return envOr("TXOUTBOX_AZURITE_BLOB_CONN", "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"+
+		"AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"+
+		"BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;")
+}
+
+// S3Endpoint is $TXOUTBOX_S3_ENDPOINT or the local S3 emulator (moto_server; path-style
+// addressing, any credentials).
+func S3Endpoint() string { return envOr("TXOUTBOX_S3_ENDPOINT", "http://127.0.0.1:5000") }
+
 // AzuriteDevConnString is the connection string of an Azurite queue service on
 // 127.0.0.1:port with the well-known development account: for a private Azurite a test
 // starts itself (outboxtest.StartNodeProcess).
@@ -59,4 +72,24 @@ func Shown(rawURL string) string {
 		return "(a URL that does not parse)"
 	}
 	return u.Redacted()
+}
+
+// ClosingIdle wraps m so that once its tests ran, the idle connections of each transport are
+// closed: their read and write loops would otherwise count as leaked goroutines in
+// goleak.VerifyTestMain(outboxtest.ClosingIdle(m, transport)).
+func ClosingIdle(m interface{ Run() int }, transports ...*http.Transport) interface{ Run() int } {
+	return closingIdle{m, transports}
+}
+
+type closingIdle struct {
+	m          interface{ Run() int }
+	transports []*http.Transport
+}
+
+func (c closingIdle) Run() int {
+	code := c.m.Run()
+	for _, t := range c.transports {
+		t.CloseIdleConnections()
+	}
+	return code
 }

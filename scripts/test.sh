@@ -20,6 +20,8 @@ export TXOUTBOX_NATS_URL=${TXOUTBOX_NATS_URL:-nats://127.0.0.1:4222}
 export TXOUTBOX_AZURITE_CONN=${TXOUTBOX_AZURITE_CONN:-DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;}
 export TXOUTBOX_SQS_ENDPOINT=${TXOUTBOX_SQS_ENDPOINT:-http://127.0.0.1:4566}
 export TXOUTBOX_AMQP_URL=${TXOUTBOX_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}
+export TXOUTBOX_AZURITE_BLOB_CONN=${TXOUTBOX_AZURITE_BLOB_CONN:-DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;}
+export TXOUTBOX_S3_ENDPOINT=${TXOUTBOX_S3_ENDPOINT:-http://127.0.0.1:5000}
 export GOTRACEBACK=all      # every goroutine's stack when a test panics or times out
 export GIT_TERMINAL_PROMPT=0 # a module fetch never waits for a password
 

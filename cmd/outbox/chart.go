@@ -40,7 +40,7 @@ type legendItem struct {
 var kindColors = map[deadletter.Kind]string{
 	deadletter.KindGaveUp: "#e15759", deadletter.KindPermanent: "#f28e2b", deadletter.KindTooLarge: "#edc948",
 	deadletter.KindUnreadableRow: "#b07aa1", deadletter.KindMalformed: "#76b7b2", deadletter.KindUnknownType: "#4e79a7",
-	deadletter.KindUndecodable: "#59a14f", deadletter.KindHeld: "#ff9da7", "": "#9c9c9c",
+	deadletter.KindUndecodable: "#59a14f", deadletter.KindHeld: "#ff9da7", deadletter.KindBlobMissing: "#9d7660", "": "#9c9c9c",
 }
 
 // ranges are the chart's spans and the width of one bar in each.

@@ -1,16 +1,20 @@
 // Command fileparse is a file-upload service: an API accepts CSV uploads and a worker parses
 // them, with Azure Queue Storage in between. The upload handler saves the file, its task and a
 // "parse requested" event in one GORM transaction; the relay sends committed events to the
-// queue; the worker parses each file exactly once, through outboxgorm's inbox.
+// queue; the worker parses each file exactly once, through outboxgorm's inbox, and publishes
+// the parsed rows for a report. A big file's rows are over Azure Queue Storage's 64 KiB: they
+// travel as a claim check, the body in Azure Blob Storage and a reference on the queue.
 //
-// It needs PostgreSQL ($TXOUTBOX_PG_URL) and Azure Queue Storage ($TXOUTBOX_AZURITE_CONN, e.g.
-// Azurite), both defaulting to the local test services.
+// It needs PostgreSQL ($TXOUTBOX_PG_URL), Azure Queue Storage ($TXOUTBOX_AZURITE_CONN) and
+// Azure Blob Storage ($TXOUTBOX_AZURITE_BLOB_CONN), e.g. Azurite, all defaulting to the
+// local test services.
 package main
 
 import (
 	"bytes"
 	"context"
 	"encoding/csv"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azqueue/v2"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -34,6 +39,8 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxgorm "github.com/txoutbox/outbox/adapters/gorm"
+	"github.com/txoutbox/outbox/claimcheck"
+	claimcheckazblob "github.com/txoutbox/outbox/claimcheck/azblob"
 	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/relay"
 	outboxazqueue "github.com/txoutbox/outbox/transports/azqueue"
@@ -71,14 +78,40 @@ type ParseRequested struct {
 // EventType names the event on the wire.
 func (ParseRequested) EventType() string { return "files.parse_requested" }
 
-const azuriteConn = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;"
+// FileParsed carries a parsed file's rows to the report. A big file's rows are over Azure
+// Queue Storage's 64 KiB: the claim check sends them through blob storage.
+type FileParsed struct {
+	TaskID string `json:"task_id"`
+	File   string `json:"file"`
+	Rows   []Row  `json:"rows"`
+}
 
-type config struct{ PGURL, AzureConn string }
+// Row is one parsed line.
+type Row struct {
+	Item     string `json:"item"`
+	Quantity int    `json:"quantity"`
+}
+
+// EventType names the event on the wire.
+func (FileParsed) EventType() string { return "files.parsed" }
+
+// retention is how long a claim-checked body is kept: longer than a message can wait in the
+// queue (Azure Queue Storage keeps one 7 days by default) and be retried.
+const retention = 8 * 24 * time.Hour
+
+const (
+	azuriteAccount  = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+	azuriteConn     = azuriteAccount + "QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;"
+	azuriteBlobConn = azuriteAccount + "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;"
+)
+
+type config struct{ PGURL, AzureConn, AzureBlobConn string }
 
 func configFromEnv() config {
 	return config{
-		PGURL:     envOr("TXOUTBOX_PG_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
-		AzureConn: envOr("TXOUTBOX_AZURITE_CONN", azuriteConn),
+		PGURL:         envOr("TXOUTBOX_PG_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		AzureConn:     envOr("TXOUTBOX_AZURITE_CONN", azuriteConn),
+		AzureBlobConn: envOr("TXOUTBOX_AZURITE_BLOB_CONN", azuriteBlobConn),
 	}
 }
 
@@ -135,11 +168,29 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 		return fmt.Errorf("creating the Azure queue: %w", err)
 	}
 	defer az.DeleteQueue(context.WithoutCancel(ctx), queue, nil)
+	// The claim check: bodies over the queue's limit go to a blob container, and the queue
+	// carries a reference (the CloudEvents dataref) that the worker resolves.
+	blobContainer, err := container.NewClientFromConnectionString(cfg.AzureBlobConn, queue, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := blobContainer.Create(ctx, nil); err != nil {
+		return fmt.Errorf("creating the blob container: %w", err)
+	}
+	defer blobContainer.Delete(context.WithoutCancel(ctx), nil)
+	blobs, err := claimcheckazblob.New(blobContainer, claimcheckazblob.Config{Prefix: "events/"})
+	if err != nil {
+		return err
+	}
+	checked, err := claimcheck.NewSender(sender, &claimcheck.SenderConfig{Store: blobs})
+	if err != nil {
+		return err
+	}
 	store, err := box.NewStore(db)
 	if err != nil {
 		return err
 	}
-	rl, err := relay.New(store, sender, nil)
+	rl, err := relay.New(store, checked, nil)
 	if err != nil {
 		return err
 	}
@@ -153,7 +204,8 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	worker, err := consumer.New(receiver, &consumer.Config{Name: "parser", DeadLetters: dead})
+	worker, err := consumer.New(receiver, &consumer.Config{Name: "parser", DeadLetters: dead,
+		Middleware: []consumer.Middleware{claimcheck.Resolve(blobs)}})
 	if err != nil {
 		return err
 	}
@@ -169,7 +221,15 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 		if err := tx.Create(&records).Error; err != nil {
 			return err
 		}
-		return tx.Model(&Task{ID: e.Payload.TaskID}).Updates(Task{Status: "done", Rows: len(records)}).Error
+		if err := tx.Model(&Task{ID: e.Payload.TaskID}).Updates(Task{Status: "done", Rows: len(records)}).Error; err != nil {
+			return err
+		}
+		// The result goes out through the outbox too, in the same transaction.
+		parsed := FileParsed{TaskID: e.Payload.TaskID, File: file.Name, Rows: make([]Row, len(records))}
+		for i, r := range records {
+			parsed.Rows[i] = Row{Item: r.Item, Quantity: r.Quantity}
+		}
+		return box.Publish(ctx, tx, outbox.New(parsed, outbox.WithKey(file.ID)))
 	}, nil)
 	// handled passes each parse request the worker finished, duplicates included, to the
 	// story below.
@@ -177,20 +237,35 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	consumer.Handle(worker, func(ctx context.Context, e outbox.Event[ParseRequested]) error {
 		err := parse(ctx, e)
 		if err == nil {
+			rl.Wake() // the FileParsed event is committed: send it now
 			handled <- e
 		}
 		return err
 	})
-	next := func() (outbox.Event[ParseRequested], error) {
-		select {
-		case e := <-handled:
-			return e, nil
-		case <-ctx.Done():
-			return outbox.Event[ParseRequested]{}, ctx.Err()
-		case <-time.After(20 * time.Second):
-			return outbox.Event[ParseRequested]{}, errors.New("timed out waiting for the worker")
+	// The report receives each file's rows, resolved from blob storage when they were too big.
+	reports := make(chan outbox.Event[FileParsed], 10)
+	consumer.Handle(worker, func(ctx context.Context, e outbox.Event[FileParsed]) error {
+		reports <- e
+		return nil
+	})
+	report := func() error {
+		e, err := receive(ctx, reports, "the report")
+		if err != nil {
+			return err
 		}
+		size, _ := json.Marshal(e.Payload)
+		fmt.Fprintf(stdout, "report: %s, %d rows", e.Payload.File, len(e.Payload.Rows))
+		if len(size) > 64<<10 {
+			n := 0
+			if err := blobs.List(ctx, func(claimcheck.Blob) bool { n++; return true }); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, " (%d KiB of JSON, over Azure Queue's 64 KiB: it came as a claim check, %d blob in storage)", len(size)>>10, n)
+		}
+		fmt.Fprintln(stdout)
+		return nil
 	}
+	next := func() (outbox.Event[ParseRequested], error) { return receive(ctx, handled, "the worker") }
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 2)
 	go func() { done <- rl.Run(runCtx) }()
@@ -242,22 +317,32 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 	}
 	count := func(model any) (n int64) { db.Model(model).Count(&n); return n }
 
+	// parsed uploads a file the worker parses, and tells the story's reader: the upload, the
+	// task, the report of its rows.
+	parsed := func(name, content string) (outbox.Event[ParseRequested], error) {
+		status, _, err := upload(name, content)
+		if err != nil {
+			return outbox.Event[ParseRequested]{}, err
+		}
+		fmt.Fprintf(stdout, "POST /uploads?name=%s: %s\n", name, status)
+		e, err := next()
+		if err != nil {
+			return e, err
+		}
+		var task Task
+		if err := db.First(&task, "id = ?", e.Payload.TaskID).Error; err != nil {
+			return e, err
+		}
+		fmt.Fprintf(stdout, "worker: task %s, %d rows of %s parsed\n", task.Status, task.Rows, name)
+		return e, report()
+	}
+
 	// 1. An upload commits; the worker parses the file.
 	const sales = "item,quantity\napples,3\npears,5\nplums,2\n"
-	status, _, err := upload("sales.csv", sales)
+	first, err := parsed("sales.csv", sales)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "POST /uploads?name=sales.csv: %s\n", status)
-	first, err := next()
-	if err != nil {
-		return err
-	}
-	var task Task
-	if err := db.First(&task, "id = ?", first.Payload.TaskID).Error; err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "worker: task %s, %d rows of sales.csv parsed\n", task.Status, task.Rows)
 
 	// 2. An upload whose commit fails: no task, and no event for the relay to send.
 	status, reply, err := upload("sales.csv", sales)
@@ -290,6 +375,25 @@ func run(ctx context.Context, stdout io.Writer, cfg config) error {
 		return errors.New("the worker received a parse request other than the re-sent one")
 	}
 	fmt.Fprintf(stdout, "duplicate: the worker got the same parse request again; sales.csv is still parsed once (%d records)\n", count(&Record{}))
+
+	// 4. A big file: its parsed rows are over the queue's 64 KiB, so the relay puts them in
+	// blob storage and sends a reference; the report gets them whole.
+	var inventory strings.Builder
+	inventory.WriteString("item,quantity\n")
+	for i := range 3000 {
+		fmt.Fprintf(&inventory, "item-%04d,%d\n", i, i%50)
+	}
+	if _, err := parsed("inventory.csv", inventory.String()); err != nil {
+		return err
+	}
+	// Clean-up by age: a sweeper that runs after the retention removes the blob (in
+	// production, a lifecycle management rule on the container's "events/" prefix does it).
+	later := time.Now().Add(retention + time.Minute)
+	swept, err := claimcheck.Sweep(ctx, blobs, later.Add(-retention))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "clean-up: a sweep %d days later deletes %d blob\n", retention/(24*time.Hour), swept)
 	return nil
 }
 
@@ -308,6 +412,19 @@ func parseCSV(taskID string, content []byte) ([]Record, error) {
 		records = append(records, Record{TaskID: taskID, Item: l[0], Quantity: qty})
 	}
 	return records, nil
+}
+
+// receive returns the next value of ch, failing at ctx's end or after 20s.
+func receive[T any](ctx context.Context, ch <-chan T, what string) (T, error) {
+	var zero T
+	select {
+	case v := <-ch:
+		return v, nil
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	case <-time.After(20 * time.Second):
+		return zero, errors.New("timed out waiting for " + what)
+	}
 }
 
 // waitFor polls cond until it holds, failing at ctx's end or after 20s.

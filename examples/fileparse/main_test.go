@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azqueue/v2"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/internal/readmetest"
@@ -20,6 +21,7 @@ func TestREADME(t *testing.T) {
 	defer cancel()
 	pgxtest.RequireServer(t, cfg.PGURL)
 	outboxtest.RequireService(t, "Azure Queue Storage (Azurite)", pingAzure(ctx, cfg.AzureConn))
+	outboxtest.RequireService(t, "Azure Blob Storage (Azurite)", pingBlobs(ctx, cfg.AzureBlobConn))
 
 	var out strings.Builder
 	if err := run(ctx, &out, cfg); err != nil {
@@ -30,13 +32,28 @@ func TestREADME(t *testing.T) {
 	}
 }
 
+// pingBlobs and pingAzure list a container or a queue: the service answers.
+func pingBlobs(ctx context.Context, conn string) error {
+	client, err := azblob.NewClientFromConnectionString(conn, nil)
+	if err != nil {
+		return err
+	}
+	return ping(ctx, func(ctx context.Context) error {
+		_, err := client.NewListContainersPager(nil).NextPage(ctx)
+		return err
+	})
+}
+
 func pingAzure(ctx context.Context, conn string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
 	client, err := azqueue.NewServiceClientFromConnectionString(conn, nil)
 	if err != nil {
 		return err
 	}
-	_, err = client.NewListQueuesPager(nil).NextPage(ctx)
-	return err
+	return ping(ctx, func(ctx context.Context) error { _, err := client.NewListQueuesPager(nil).NextPage(ctx); return err })
+}
+
+func ping(ctx context.Context, call func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return call(ctx)
 }

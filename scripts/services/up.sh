@@ -5,8 +5,8 @@
 # packages are installed with apt-get; azurite and fauxqs come from npm (pinned in package.json), as does
 # the CloudEvents JS SDK (and amqplib) that interop tests read and write our messages with.
 #
-# Usage: scripts/services/up.sh [SERVICE...]   (default: all of postgres mariadb nats rabbitmq azurite fauxqs,
-#        and the Chromium that the web console's browser test drives)
+# Usage: scripts/services/up.sh [SERVICE...]   (default: all of postgres mariadb nats rabbitmq azurite fauxqs
+#        azuriteblob moto, and the Chromium that the web console's browser test drives)
 #
 # The tests use these defaults (override by exporting them):
 #   TXOUTBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable
@@ -15,6 +15,8 @@
 #   TXOUTBOX_AZURITE_CONN=DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;
 #   TXOUTBOX_SQS_ENDPOINT=http://127.0.0.1:4566
 #   TXOUTBOX_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/
+#   TXOUTBOX_AZURITE_BLOB_CONN=DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;
+#   TXOUTBOX_S3_ENDPOINT=http://127.0.0.1:5000   (moto_server: path-style, any credentials)
 #
 # To add a service: add it to ALL, PORT and WAIT, and write start_NAME (starts it in the
 # background and sets PID[NAME]); optionally setup_NAME (runs once the port answers, also when
@@ -28,9 +30,11 @@ run=$here/.run
 mkdir -p "$run"
 exec 9>"$run/lock" && flock 9 # one up.sh at a time
 
-ALL=(postgres mariadb nats rabbitmq azurite fauxqs)
-declare -A PORT=([postgres]=5432 [mariadb]=3306 [nats]=4222 [rabbitmq]=5672 [azurite]=10001 [fauxqs]=4566)
-declare -A WAIT=([postgres]=30 [mariadb]=60 [nats]=20 [rabbitmq]=90 [azurite]=60 [fauxqs]=30) # seconds
+ALL=(postgres mariadb nats rabbitmq azurite fauxqs azuriteblob moto)
+declare -A PORT=([postgres]=5432 [mariadb]=3306 [nats]=4222 [rabbitmq]=5672 [azurite]=10001 [fauxqs]=4566
+  [azuriteblob]=10000 [moto]=5000)
+declare -A WAIT=([postgres]=30 [mariadb]=60 [nats]=20 [rabbitmq]=90 [azurite]=60 [fauxqs]=30
+  [azuriteblob]=60 [moto]=60) # seconds
 declare -A PID=()
 installed=() # what this run installed, printed at the end
 
@@ -177,6 +181,20 @@ start_fauxqs() {
   spawn fauxqs env FAUXQS_PORT=4566 node "$here/fauxqs.mjs"
 }
 
+# Azurite's blob service, for the claim check's Azure Blob store (claimcheck/azblob).
+start_azuriteblob() {
+  node_deps
+  spawn azuriteblob node "$here/node_modules/azurite/dist/src/blob/main.js" --blobHost 127.0.0.1 \
+    --blobPort 10000 --inMemoryPersistence --disableTelemetry --skipApiVersionCheck --silent
+}
+
+# moto's server (Python, `pip install 'moto[server]'`), for the claim check's S3 store
+# (claimcheck/s3). It also speaks SQS; the SQS tests keep fauxqs.
+start_moto() {
+  command -v moto_server >/dev/null || fail "moto: moto_server not found (pip install 'moto[server]')"
+  spawn moto moto_server -H 127.0.0.1 -p 5000
+}
+
 
 names=("$@")
 everything=0
@@ -187,7 +205,7 @@ done
 
 # The interop tests read our messages with the CloudEvents JS SDK from the same node_modules,
 # so install it even when the emulators are already running (from another checkout).
-if [[ " ${names[*]} " == *" azurite "* || " ${names[*]} " == *" fauxqs "* || " ${names[*]} " == *" rabbitmq "* ]]; then node_deps 9>&-; fi
+if [[ " ${names[*]} " == *" azurite "* || " ${names[*]} " == *" azuriteblob "* || " ${names[*]} " == *" fauxqs "* || " ${names[*]} " == *" rabbitmq "* ]]; then node_deps 9>&-; fi
 
 # Start everything that is down first, then wait for each: the slow ones start in parallel.
 started=()

@@ -26,17 +26,7 @@ var httpTransport = func() *http.Transport {
 	return t
 }()
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(closeIdle{m}) }
-
-// closeIdle runs the tests, then closes idle HTTP connections (their read/write loops are
-// goroutines that would otherwise count as leaks).
-type closeIdle struct{ m *testing.M }
-
-func (c closeIdle) Run() int {
-	code := c.m.Run()
-	httpTransport.CloseIdleConnections()
-	return code
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(outboxtest.ClosingIdle(m, httpTransport)) }
 
 // newClient returns an SQS client for the emulator with static test credentials, never the
 // user's AWS environment.

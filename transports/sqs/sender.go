@@ -60,6 +60,11 @@ func NewSender(client SenderAPI, cfg *SenderConfig) (*Sender, error) {
 	return s, nil
 }
 
+// MaxMessageBytes returns SenderConfig.MaxMessageBytes, the largest message (body and
+// attributes, as SQS counts them) the Sender sends: claimcheck.NewSender takes it as the
+// size above which a body goes to the blob store.
+func (s *Sender) MaxMessageBytes() int { return s.cfg.MaxMessageBytes }
+
 // Ping asks SQS for one attribute of a queue the Sender sends to (QueueURL's, else the
 // first route's by event type), sending nothing ([outbox.Pinger]): the relay calls it to
 // learn that SQS is back when it has nothing to send. It fails as a Send would, marked

@@ -25,6 +25,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/consumer"
 	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxdriver"
 	"github.com/txoutbox/outbox/outboxtest"
@@ -159,6 +160,11 @@ func (o *Outbox) Pipeline(t testing.TB, s outbox.Sender, r outbox.Receiver) *out
 		Sender:      s,
 		Receiver:    r,
 		DeadLetters: o.DeadLetters(t),
+		Idempotent: func(h consumer.Handler[outboxtest.Note]) consumer.Handler[outboxtest.Note] {
+			return outboxpgx.Idempotent(o.Outbox, o.Pool, func(ctx context.Context, _ pgx.Tx, e outbox.Event[outboxtest.Note]) error {
+				return h(ctx, e)
+			}, nil)
+		},
 	}
 }
 
