@@ -27,9 +27,15 @@ import (
 //     back;
 //   - outbox-only: the same relay sending to a Sender that discards: the PostgreSQL side's
 //     own rate, which bounds the relay's (relay/outbox-only near 1 means Kafka is not the
-//     bottleneck).
+//     bottleneck);
+//   - relay-ordered: the relay of the same events into a Sender of its own declared an
+//     outbox.KeyOrderer, so the relay sends each claim in one call instead of waves (one
+//     event of each key per call), which the Kafka Sender does not declare (see the package
+//     doc, Key order);
+//   - outbox-keyless: the same again with keyless events, the fastest a relay drains this
+//     outbox (relay/outbox-keyless: what 64 keys and Kafka cost together).
 //
-// b.N is the number of events each path sends, a key among 64 each. The paths take turns in
+// b.N is the number of events each path sends, a key among 64 each (but outbox-keyless's). The paths take turns in
 // rounds of 10,000 events, so load from elsewhere on the machine weighs on all of them
 // alike. Reported: events/s of each path, relay/bare, sender/bare and relay/outbox-only, and on Linux the
 // machine's busy CPU time per event of each path (the brokers, PostgreSQL and this process
@@ -105,7 +111,7 @@ func BenchmarkKafka(b *testing.B) {
 		}
 	}
 	// relayPath drains an outbox of its own through s.
-	relayPath := func(s outbox.Sender) func(string, int) func() {
+	relayPath := func(s outbox.Sender, keyed bool) func(string, int) func() {
 		pg := pgxtest.New(b, "outboxkafka")
 		b.Cleanup(func() {
 			if left := pg.Count(b, "outbox"); left != 0 {
@@ -117,7 +123,11 @@ func BenchmarkKafka(b *testing.B) {
 				events := make([]outbox.Encodable, 0, 1000)
 				for i := range min(1000, n-start) {
 					key := keys[(start+i)%len(keys)]
-					events = append(events, outbox.New(orderPlaced{Customer: key, Seq: 42}, outbox.WithKey(key)))
+					var opts []outbox.Option
+					if keyed {
+						opts = append(opts, outbox.WithKey(key))
+					}
+					events = append(events, outbox.New(orderPlaced{Customer: key, Seq: 42}, opts...))
 				}
 				pg.Commit(b, events...)
 			}
@@ -125,7 +135,7 @@ func BenchmarkKafka(b *testing.B) {
 		return func(_ string, n int) func() { return relay(n) }
 	}
 
-	senderTopic, relayTopic := createTopic(b, cl, nil), createTopic(b, cl, nil)
+	senderTopic, relayTopic, orderedTopic := createTopic(b, cl, nil), createTopic(b, cl, nil), createTopic(b, cl, nil)
 	senders[senderTopic] = newSender(senderTopic)
 	paths := []struct {
 		name    string
@@ -134,8 +144,10 @@ func BenchmarkKafka(b *testing.B) {
 	}{
 		{"bare", createTopic(b, cl, nil), bare},
 		{"sender", senderTopic, sender},
-		{"relay", relayTopic, relayPath(newSender(relayTopic))},
-		{"outbox-only", "", relayPath(benchtest.Discard{})},
+		{"relay", relayTopic, relayPath(newSender(relayTopic), true)},
+		{"relay-ordered", orderedTopic, relayPath(ordered{newSender(orderedTopic)}, true)},
+		{"outbox-only", "", relayPath(benchtest.Discard{}, true)},
+		{"outbox-keyless", "", relayPath(benchtest.Discard{}, false)},
 	}
 	var rounds []*benchtest.Path
 	for _, p := range paths {
@@ -161,4 +173,11 @@ func BenchmarkKafka(b *testing.B) {
 	b.ReportMetric(rate["relay"]/rate["bare"], "relay/bare")
 	b.ReportMetric(rate["sender"]/rate["bare"], "sender/bare")
 	b.ReportMetric(rate["relay"]/rate["outbox-only"], "relay/outbox-only")
+	b.ReportMetric(rate["relay"]/rate["outbox-keyless"], "relay/outbox-keyless")
+	b.ReportMetric(rate["relay-ordered"]/rate["relay"], "relay-ordered/relay")
 }
+
+// ordered declares a Sender an outbox.KeyOrderer: the relay sends it a claim in one call.
+type ordered struct{ outbox.Sender }
+
+func (ordered) KeepsKeyOrder() bool { return true }

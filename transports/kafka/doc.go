@@ -17,6 +17,20 @@
 // error wrapping outbox.ErrTooLarge that names the limit, and the relay dead-letters it at
 // once; a refusal by the broker itself (MESSAGE_TOO_LARGE) is reported the same way.
 //
+// # Key order
+//
+// [Sender.Send] keeps the order of a key's messages within a call: they are produced one
+// at a time, the next once the broker acknowledged the one before (keys, and keyless
+// messages, go side by side), and a message that fails, before it is produced (no route,
+// too large) or at the broker, fails the rest of its key in the call unsent. franz-go alone
+// would not keep that: after a failed batch it fails the records already buffered for the
+// partition, but a record produced a moment later is written. The Sender does not declare
+// outbox.KeyOrderer, so the relay still sends it one message of each key per call
+// (waves): with a key's records waiting for each other's acknowledgement, a claim in one
+// call drains no faster (measured against kfake), and it must fit in one SendTimeout, where
+// waves past the lease are given back without an error; a hot key's run on a slow cluster
+// would time out and pause the relay as if the broker were down.
+//
 // # Outages
 //
 // A produce that fails for reasons of the cluster or the connection is the broker's fault,

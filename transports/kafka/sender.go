@@ -25,6 +25,7 @@ type Sender struct {
 	cl          *kgo.Client
 	cfg         *SenderConfig
 	clientLimit func(topic string) int32 // kgo.ProducerBatchMaxBytesFn
+	bufferLimit int                      // kgo.MaxBufferedBytes, 0 for none
 
 	mu     sync.Mutex
 	limits map[string]topicLimit // topic → its max.message.bytes
@@ -71,7 +72,8 @@ func NewSender(cl *kgo.Client, cfg *SenderConfig) (*Sender, error) {
 	if limit == nil {
 		limit = func(string) int32 { return 0 }
 	}
-	return &Sender{cl: cl, cfg: c, clientLimit: limit, limits: map[string]topicLimit{}}, nil
+	buffered, _ := cl.OptValue(kgo.MaxBufferedBytes).(int)
+	return &Sender{cl: cl, cfg: c, clientLimit: limit, bufferLimit: buffered, limits: map[string]topicLimit{}}, nil
 }
 
 // Ping asks the cluster for its brokers (franz-go's Client.Ping: a metadata request to a
@@ -114,6 +116,9 @@ func (s *Sender) limit(topic string) (int, string) {
 	s.mu.Unlock()
 	if tl.bytes > 0 && (limit <= 0 || tl.bytes < limit) {
 		limit, name = tl.bytes, fmt.Sprintf("topic %s's max.message.bytes", topic)
+	}
+	if s.bufferLimit > 0 && (limit <= 0 || s.bufferLimit < limit) {
+		limit, name = s.bufferLimit, "the client's kgo.MaxBufferedBytes"
 	}
 	if s.cfg.MaxMessageBytes > 0 && (limit <= 0 || s.cfg.MaxMessageBytes < limit) {
 		limit, name = s.cfg.MaxMessageBytes, "SenderConfig.MaxMessageBytes"
@@ -175,6 +180,14 @@ func (s *Sender) lookupLimits(ctx context.Context, topics []string) {
 // unknown when ctx ends is reported failed: the relay sends it again, and the consumer's
 // inbox absorbs a second copy. Failures that are the cluster's or the connection's are
 // marked outbox.Unavailable (see the package's Outages section).
+//
+// Send keeps the order of a key's messages within a call: they are produced in the order
+// given, to the key's partition, one at a time (the next once the broker acknowledged the
+// one before; keys, and keyless messages, go side by side), and once one fails every later
+// one of its key fails too without being sent. A message that fails before it is produced
+// (no route, too large) fails the rest of its key in msgs unsent, and once ctx is done
+// nothing more is produced. The Sender does not declare outbox.KeyOrderer all the same, so
+// the relay sends it one message of each key per call (see the package doc, Key order).
 func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -209,25 +222,85 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	}
 	results := make(chan result, len(msgs)) // promises never block, even after Send returned
 	pending := 0
+	produce := func(i int) {
+		pending++
+		s.cl.Produce(ctx, recs[i], func(_ *kgo.Record, err error) { results <- result{i, err} })
+	}
+	// A key's records go one at a time: the next is produced once the broker acknowledged
+	// the one before, so none is written after one of its key that failed. (franz-go fails
+	// the records buffered for a partition after a failed batch, but not those produced
+	// after the failure: those would be written.) Keys, and keyless records, go side by side.
+	var failedKeys map[string]string // key → the ID of its message that failed before being produced
+	var inFlight map[string]bool     // keys with a record produced and not yet answered
+	var waiting map[string][]int     // key → its records waiting for the one before
 	for i, r := range recs {
-		if r == nil {
+		key := msgs[i].Key
+		if first, ok := failedKeys[key]; ok && key != "" {
+			failed[i] = fmt.Errorf("outboxkafka: message %s not sent: message %s of its key failed before it: %w", msgs[i].ID, first, errKeyFailed)
 			continue
 		}
-		if limit, name := s.limit(r.Topic); limit > 0 {
-			if size := recordSize(r); size > limit {
-				failed[i] = fmt.Errorf("outboxkafka: message %s is %d bytes as a record (value %d), over %s of %s: %w",
-					msgs[i].ID, size, len(r.Value), name, formatBytes(limit), outbox.ErrTooLarge)
-				continue
+		if r != nil {
+			if limit, name := s.limit(r.Topic); limit > 0 {
+				if size := recordSize(r); size > limit {
+					failed[i] = fmt.Errorf("outboxkafka: message %s is %d bytes as a record (value %d), over %s of %s: %w",
+						msgs[i].ID, size, len(r.Value), name, formatBytes(limit), outbox.ErrTooLarge)
+				}
 			}
 		}
-		pending++
-		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
+		if err := ctx.Err(); err != nil && failed[i] == nil {
+			failed[i] = fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, err)
+		}
+		switch {
+		case failed[i] != nil:
+			if key != "" {
+				if failedKeys == nil {
+					failedKeys = map[string]string{}
+				}
+				failedKeys[key] = msgs[i].ID.String()
+			}
+		case key == "":
+			produce(i)
+		case inFlight[key]:
+			if waiting == nil {
+				waiting = map[string][]int{}
+			}
+			waiting[key] = append(waiting[key], i)
+		default:
+			if inFlight == nil {
+				inFlight = map[string]bool{}
+			}
+			inFlight[key] = true
+			produce(i)
+		}
 	}
-	done := make(map[int]bool, pending)
+	// next produces the record of key waiting behind the one just acknowledged, or fails
+	// those waiting, unsent, with why.
+	next := func(key string, why func(i int) error) {
+		q := waiting[key]
+		if len(q) == 0 {
+			return
+		}
+		if why == nil {
+			if err := ctx.Err(); err != nil {
+				why = func(i int) error { return fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, err) }
+			}
+		}
+		if why == nil {
+			waiting[key] = q[1:]
+			produce(q[0])
+			return
+		}
+		for _, i := range q {
+			failed[i] = why(i)
+		}
+		delete(waiting, key)
+	}
+	done := make(map[int]bool, len(msgs))
 	var refused []int // records the broker found too large
-	for ; pending > 0; pending-- {
+	for pending > 0 {
 		select {
 		case res := <-results:
+			pending--
 			done[res.i] = true
 			switch {
 			case res.err == nil:
@@ -236,13 +309,25 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			default:
 				failed[res.i] = fmt.Errorf("outboxkafka: producing message %s to %s: %w", msgs[res.i].ID, recs[res.i].Topic, res.err)
 			}
+			if key := msgs[res.i].Key; key != "" {
+				var why func(int) error
+				if res.err != nil {
+					why = func(i int) error {
+						return fmt.Errorf("outboxkafka: message %s not sent: message %s of its key failed before it: %w", msgs[i].ID, msgs[res.i].ID, errKeyFailed)
+					}
+				}
+				next(key, why)
+			}
 		case <-ctx.Done():
+			for key := range waiting {
+				next(key, func(i int) error { return fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, ctx.Err()) })
+			}
 			for i, r := range recs {
 				if r != nil && !done[i] && failed[i] == nil {
 					failed[i] = fmt.Errorf("outboxkafka: no acknowledgement for message %s on %s: %w", msgs[i].ID, r.Topic, ctx.Err())
 				}
 			}
-			pending = 1 // leave the loop
+			pending = 0 // leave the loop
 		}
 	}
 	if len(refused) > 0 {
@@ -297,6 +382,9 @@ func formatBytes(n int) string {
 		return fmt.Sprintf("%d bytes", n)
 	}
 }
+
+// errKeyFailed is the cause of a message not sent because an earlier one of its key failed.
+var errKeyFailed = errors.New("an earlier message of the key failed")
 
 var (
 	_ outbox.Sender = (*Sender)(nil)
