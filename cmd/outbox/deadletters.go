@@ -54,7 +54,7 @@ func (f *filterFlags) add(fs *flag.FlagSet, defaultStatus string) {
 	fs.StringVar(&f.eventType, "type", "", "only events of this type")
 	fs.StringVar(&f.stage, "stage", "", "only this stage: relay or consumer")
 	fs.StringVar(&f.consumer, "consumer", "", "only this consumer's")
-	fs.StringVar(&f.kind, "kind", "", "only this kind: gave-up, permanent, too-large, unreadable-row, malformed, unknown-type, undecodable, blob-missing")
+	fs.StringVar(&f.kind, "kind", "", "only this kind: "+joinKinds())
 	fs.StringVar(&f.reason, "reason", "", "only reasons that contain this text (case-sensitive)")
 	fs.StringVar(&f.since, "since", "", "only entries that last failed at or after this time: RFC 3339, a date, or a duration ago (24h, 7d)")
 	fs.StringVar(&f.until, "until", "", "only entries that last failed before this time (same forms as --since)")
@@ -136,7 +136,8 @@ func (f *filterFlags) describe() string {
 }
 
 var kinds = []deadletter.Kind{deadletter.KindGaveUp, deadletter.KindPermanent, deadletter.KindTooLarge,
-	deadletter.KindUnreadableRow, deadletter.KindMalformed, deadletter.KindUnknownType, deadletter.KindUndecodable, deadletter.KindBlobMissing}
+	deadletter.KindUnreadableRow, deadletter.KindMalformed, deadletter.KindUnknownType, deadletter.KindUndecodable, deadletter.KindHeld,
+	deadletter.KindBlobMissing}
 
 func joinKinds() string {
 	s := make([]string, len(kinds))
