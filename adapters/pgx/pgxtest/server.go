@@ -134,11 +134,11 @@ func (s *Server) Start() error {
 // and the flush of WAL buffers, so the next start recovers from the WAL.
 func (s *Server) Crash() error { return s.pgctl("-m", "immediate", "stop") }
 
+// URL is the server's connection URL (user postgres, database postgres, no password).
 func (s *Server) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
 }
 
-// recordingSender is the broker: it records every delivery.
 // Stop shuts the server down cleanly (fast mode: sessions are ended, the shutdown
 // checkpoint is written).
 func (s *Server) Stop() error { return s.pgctl("-m", "fast", "stop") }
