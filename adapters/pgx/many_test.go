@@ -585,9 +585,7 @@ func (r *manyRun) soloWindow() (from, to time.Time) {
 // arrived, in order per key, with no dead letter and nothing left, and the group never
 // held more connections to the shared database than its MaxCycles.
 func TestManyOutboxesOneRelay(t *testing.T) {
-	if testing.Short() {
-		t.Skip("200,000 events")
-	}
+	outboxtest.SkipIfShort(t, "200,000 events through 52 outboxes")
 	r := newManyRun(t, 0)
 	r.start()
 	ctx := context.Background()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -30,10 +31,12 @@ func TestRelayConfigFile(t *testing.T) {
 	}
 	// PostgreSQL's trust authentication ignores the password: it only has to stay unprinted.
 	const password = "s3cret-Pa55word"
-	withPassword := strings.Replace(pgA.url, "postgres@", "postgres:"+password+"@", 1)
-	if withPassword == pgA.url {
-		t.Skipf("the PostgreSQL URL %s has no user to add a password to", outboxtest.Shown(pgA.url))
+	u, err := url.Parse(pgA.url)
+	if err != nil || u.Scheme == "" {
+		t.Fatalf("the PostgreSQL URL %s is not a URL to add a password to: %v", outboxtest.Shown(pgA.url), err)
 	}
+	u.User = url.UserPassword(u.User.Username(), password) // no user: pgx's default user
+	withPassword := u.String()
 	spec := func(name string, tb *testDB, env bool) map[string]any {
 		s := map[string]any{"name": name, "transport": "memory://", "schema": tb.Tables.Schema}
 		if tb.Tables.Outbox != "" {
