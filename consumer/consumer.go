@@ -311,6 +311,10 @@ type undecodable struct{ err error }
 func (u *undecodable) Error() string { return u.err.Error() }
 func (u *undecodable) Unwrap() error { return u.err }
 
+// DeadLetterKind implements deadletter.Classified: such a delivery is dead-lettered as
+// undecodable.
+func (u *undecodable) DeadLetterKind() deadletter.Kind { return deadletter.KindUndecodable }
+
 // Info describes the delivery a handler is running for.
 type Info struct {
 	// Consumer is the consumer's Config.Name, the inbox's key prefix.
@@ -579,11 +583,7 @@ func (c *Consumer) handle(ctx context.Context, r received) {
 		c.unavailable(ctx, r, dest, err)
 	case outbox.IsPermanent(err):
 		kind := deadletter.KindPermanent
-		var classified deadletter.Classified
-		switch {
-		case errors.As(err, new(*undecodable)):
-			kind = deadletter.KindUndecodable
-		case errors.As(err, &classified):
+		if classified, ok := errors.AsType[deadletter.Classified](err); ok { // undecodable, a missing blob…
 			kind = classified.DeadLetterKind()
 		}
 		c.deadLetter(ctx, r, deadletter.Entry{Message: m, Kind: kind, Reason: err.Error()}, attempt, dest)

@@ -39,10 +39,13 @@ func AzuriteConnString() string {
 // AzuriteBlobConnString is $TXOUTBOX_AZURITE_BLOB_CONN or the local Azurite's blob service
 // (127.0.0.1:10000) with the well-known development account.
 func AzuriteBlobConnString() string {
-	return envOr("TXOUTBOX_AZURITE_BLOB_CONN", "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"+
-		"AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"+
-		"BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;")
+	return envOr("TXOUTBOX_AZURITE_BLOB_CONN", azuriteDevAccount+"BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;")
 }
+
+// azuriteDevAccount is the start of a connection string with Azurite's well-known
+// development account.
+const azuriteDevAccount = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;" +
+	"AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
 
 // S3Endpoint is $TXOUTBOX_S3_ENDPOINT or the local S3 emulator (moto_server; path-style
 // addressing, any credentials).
@@ -52,9 +55,7 @@ func S3Endpoint() string { return envOr("TXOUTBOX_S3_ENDPOINT", "http://127.0.0.
 // 127.0.0.1:port with the well-known development account: for a private Azurite a test
 // starts itself (outboxtest.StartNodeProcess).
 func AzuriteDevConnString(port int) string {
-	return "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;" +
-		"AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;" +
-		"QueueEndpoint=http://127.0.0.1:" + strconv.Itoa(port) + "/devstoreaccount1;"
+	return azuriteDevAccount + "QueueEndpoint=http://127.0.0.1:" + strconv.Itoa(port) + "/devstoreaccount1;"
 }
 
 func envOr(name, def string) string {

@@ -14,9 +14,9 @@ import (
 // next claim waits for at most one cycle of each relay ahead of it.
 type fairShare struct {
 	mu    sync.Mutex
-	free  int                 // turns nobody holds
-	queue []*fairMember       // members with waiting loops, in round-robin order
-	held  map[*fairMember]int // turns held per member, for Group.State
+	size  int           // the turns in all
+	free  int           // turns nobody holds
+	queue []*fairMember // members with waiting loops, in round-robin order
 }
 
 // fairMember is one relay's access to a fairShare.
@@ -24,11 +24,12 @@ type fairMember struct {
 	share   *fairShare
 	weight  int
 	credit  int             // turns left in the member's current round
+	held    int             // turns the member holds, for Group.State
 	waiters []chan struct{} // FIFO; each gets one turn
 	queued  bool
 }
 
-func newFairShare(n int) *fairShare { return &fairShare{free: n, held: map[*fairMember]int{}} }
+func newFairShare(n int) *fairShare { return &fairShare{size: n, free: n} }
 
 // member returns the access of one relay, taking weight turns per round.
 func (f *fairShare) member(weight int) *fairMember {
@@ -41,7 +42,7 @@ func (m *fairMember) acquire(ctx context.Context) bool {
 	f.mu.Lock()
 	if f.free > 0 && len(f.queue) == 0 {
 		f.free--
-		f.held[m]++
+		m.held++
 		f.mu.Unlock()
 		return true
 	}
@@ -77,9 +78,7 @@ func (m *fairMember) release() {
 	f := m.share
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.held[m]--; f.held[m] <= 0 {
-		delete(f.held, m)
-	}
+	m.held--
 	if len(f.queue) == 0 {
 		f.free++
 		return
@@ -87,7 +86,7 @@ func (m *fairMember) release() {
 	next := f.queue[0]
 	ch := next.waiters[0]
 	next.waiters = next.waiters[1:]
-	f.held[next]++
+	next.held++
 	next.credit--
 	switch {
 	case len(next.waiters) == 0:
@@ -111,8 +110,8 @@ func (f *fairShare) dequeue(m *fairMember) {
 func (f *fairShare) inUse(m *fairMember) (all, mine int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, n := range f.held {
-		all += n
+	if m != nil {
+		mine = m.held
 	}
-	return all, f.held[m]
+	return f.size - f.free, mine
 }

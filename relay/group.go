@@ -60,7 +60,7 @@ func (c *GroupConfig) WithDefaults() *GroupConfig {
 		out = *c
 	}
 	if out.Name == "" {
-		out.Name = (&Config{}).WithDefaults().Name
+		out.Name = defaultName()
 	}
 	config.Default(&out.MaxCycles, 8)
 	if out.Logger == nil {

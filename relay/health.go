@@ -67,10 +67,7 @@ func (r *Relay) stateChanged(ctx context.Context) {
 // unregistration.
 func (t *relayTelemetry) observeAvailability(r *Relay) func() {
 	attrs := func(component string) metric.MeasurementOption {
-		kv := []attribute.KeyValue{telemetry.ComponentKey.String(component), telemetry.RelayKey.String(r.cfg.Name)}
-		if r.cfg.outbox != "" {
-			kv = append(kv, telemetry.OutboxKey.String(r.cfg.outbox))
-		}
+		kv := append([]attribute.KeyValue{telemetry.ComponentKey.String(component), telemetry.RelayKey.String(r.cfg.Name)}, r.cfg.outboxAttrs()...)
 		return metric.WithAttributeSet(attribute.NewSet(kv...))
 	}
 	broker, database := attrs("broker"), attrs("database")

@@ -126,8 +126,7 @@ func (c *Config) WithDefaults() *Config {
 		out = *c
 	}
 	if out.Name == "" {
-		host, _ := os.Hostname()
-		out.Name = fmt.Sprintf("%s:%d:%04x", host, os.Getpid(), rand.IntN(1<<16))
+		out.Name = defaultName()
 	}
 	config.Default(&out.BatchSize, 500)
 	config.Default(&out.MaxAttempts, 10)
@@ -144,6 +143,13 @@ func (c *Config) WithDefaults() *Config {
 		out.Logger = slog.Default()
 	}
 	return &out
+}
+
+// defaultName names a relay (or a Group) after its host and process, with a random suffix
+// so that two in one process differ.
+func defaultName() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s:%d:%04x", host, os.Getpid(), rand.IntN(1<<16))
 }
 
 // validate checks a config with defaults applied and returns every problem at once.
@@ -290,15 +296,13 @@ func (r *Relay) validate(ctx context.Context) error {
 			availability.Pause(ctx, wait, back)
 			continue
 		}
-		turn := r.turns != nil && !probe // in a Group, as a claim (see loop)
-		if turn && !r.turns.acquire(ctx) {
+		var err error
+		if !r.inTurn(ctx, probe, func() { // in a Group, as a claim (see loop)
+			vctx, cancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
+			err = v.Validate(vctx)
+			cancel()
+		}) {
 			continue // ctx ended
-		}
-		vctx, cancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
-		err := v.Validate(vctx)
-		cancel()
-		if turn {
-			r.turns.release()
 		}
 		switch {
 		case err == nil:
@@ -354,15 +358,9 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 		if brokerProbe {
 			limit = 1 // one message tells whether the broker is back
 		}
-		// In a Group, a cycle takes one of the group's turns, except a probe: an outbox whose
-		// broker or database is down never holds more than the cycles that found it so.
-		turn := r.turns != nil && !brokerProbe && !databaseProbe
-		if turn && !r.turns.acquire(ctx) {
+		var c cycle
+		if !r.inTurn(ctx, brokerProbe || databaseProbe, func() { c = r.runOnce(ctx, lane, limit, state) }) {
 			continue // ctx ended
-		}
-		c := r.runOnce(ctx, lane, limit, state)
-		if turn {
-			r.turns.release()
 		}
 		if c.claimErr != nil {
 			r.broker.Inconclusive(brokerProbe)
@@ -439,6 +437,23 @@ func (r *Relay) loop(ctx context.Context, lane int) error {
 		}
 	}
 	return nil
+}
+
+// inTurn runs fn in one of the Group's turns: it waits for one, runs fn and gives it back.
+// Outside a Group, and for a probe, fn runs at once: an outbox whose broker or database is
+// down never holds more than the cycles that found it so. It returns false, without running
+// fn, when ctx ended while it waited.
+func (r *Relay) inTurn(ctx context.Context, probe bool, fn func()) bool {
+	if r.turns == nil || probe {
+		fn()
+		return true
+	}
+	if !r.turns.acquire(ctx) {
+		return false
+	}
+	defer r.turns.release()
+	fn()
+	return true
 }
 
 // RunOnce claims one batch, sends it and writes the outcome back. It returns how many

@@ -35,6 +35,15 @@ type relayTelemetry struct {
 	claimedOpts                                   []metric.RecordOption // the batch size's attributes
 }
 
+// outboxAttrs is the attribute naming the relay's outbox in a Group (none outside one),
+// added to every metric and span of the relay.
+func (c *Config) outboxAttrs() []attribute.KeyValue {
+	if c.outbox == "" {
+		return nil
+	}
+	return []attribute.KeyValue{telemetry.OutboxKey.String(c.outbox)}
+}
+
 var sendSpanKind = trace.WithSpanKind(trace.SpanKindProducer)
 
 func (t *relayTelemetry) init(cfg *Config, sender outbox.Sender) {
@@ -51,10 +60,7 @@ func (t *relayTelemetry) init(cfg *Config, sender outbox.Sender) {
 		t.describe, t.system = d, d.MessagingSystem()
 	}
 	base := func(k telemetry.Key) []attribute.KeyValue {
-		kv := make([]attribute.KeyValue, 0, 7)
-		if cfg.outbox != "" {
-			kv = append(kv, telemetry.OutboxKey.String(cfg.outbox))
-		}
+		kv := append(make([]attribute.KeyValue, 0, 7), cfg.outboxAttrs()...)
 		if t.system != "" {
 			kv = append(kv, semconv.MessagingSystemKey.String(t.system))
 		}
@@ -73,8 +79,8 @@ func (t *relayTelemetry) init(cfg *Config, sender outbox.Sender) {
 		}
 		return kv
 	}
-	if cfg.outbox != "" {
-		t.claimedOpts = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(telemetry.OutboxKey.String(cfg.outbox)))}
+	if kv := cfg.outboxAttrs(); kv != nil {
+		t.claimedOpts = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(kv...))}
 	}
 	t.sentSets = telemetry.NewSets(send)
 	t.durationSets = telemetry.NewSets(send)
@@ -123,9 +129,7 @@ func (t *relayTelemetry) startSend(ctx context.Context, msgs []outbox.Message) (
 		semconv.MessagingOperationName("send"),
 		semconv.MessagingBatchMessageCount(len(msgs)),
 		telemetry.RelayKey.String(t.cfg.Name))
-	if t.cfg.outbox != "" {
-		attrs = append(attrs, telemetry.OutboxKey.String(t.cfg.outbox))
-	}
+	attrs = append(attrs, t.cfg.outboxAttrs()...)
 	if t.system != "" {
 		attrs = append(attrs, semconv.MessagingSystemKey.String(t.system))
 	}

@@ -157,19 +157,15 @@ func (a *app) open(ctx context.Context, f dbFlags, create bool) (*store, error) 
 	if err != nil {
 		return nil, err
 	}
-	if _, err := outboxOn(t, nil, f); err != nil { // the flags' errors before connecting
+	s, err := outboxOn(t, f) // the flags' errors before connecting
+	if err != nil {
 		return nil, err
 	}
 	db, err := a.connect(ctx, t, create)
 	if err != nil {
 		return nil, err
 	}
-	s, err := outboxOn(t, db, f)
-	if err != nil {
-		db.Close()
-		return nil, err
-	}
-	return s, nil
+	return s.on(db), nil
 }
 
 // connect opens the database of t and makes sure it answers. create allows a new SQLite
@@ -196,9 +192,9 @@ func (a *app) connect(ctx context.Context, t target, create bool) (*sql.DB, erro
 	return db, nil
 }
 
-// outboxOn returns the outbox f's --schema and --table name in the database of t, open as
-// db (nil: only check the names).
-func outboxOn(t target, db *sql.DB, f dbFlags) (*store, error) {
+// outboxOn returns the outbox f's --schema and --table name in the database of t, not yet
+// connected (see on): the names checked.
+func outboxOn(t target, f dbFlags) (*store, error) {
 	names, err := f.names(t.dialect)
 	if err != nil {
 		return nil, err
@@ -208,11 +204,13 @@ func outboxOn(t target, db *sql.DB, f dbFlags) (*store, error) {
 	if err != nil {
 		return nil, usagef("--schema, --table: %v", err)
 	}
-	s := &store{target: t, db: db, names: names, outbox: o}
-	if db != nil {
-		s.q = sqlstore.StdDB(db)
-	}
-	return s, nil
+	return &store{target: t, names: names, outbox: o}, nil
+}
+
+// on returns s connected to db, its database.
+func (s *store) on(db *sql.DB) *store {
+	s.db, s.q = db, sqlstore.StdDB(db)
+	return s
 }
 
 func (s *store) Close() error { return s.db.Close() }

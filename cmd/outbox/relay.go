@@ -89,16 +89,25 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	base := relay.Config{Name: *name, BatchSize: *batch, MaxAttempts: *attempts, Lease: *lease, Concurrency: *concurrency,
 		Logger: log, MeterProvider: meters}
 
+	// serve starts the HTTP server on the listener, if there is one, with these probes (and
+	// /outboxes when it is set); the returned func stops it.
+	serve := func(healthz, readyz, outboxes http.HandlerFunc) (stop func()) {
+		if ln == nil {
+			return func() {}
+		}
+		srv := serveHTTP(ln, tlsConfig, relayHandler(newGuard(&lf, creds), registry, healthz, readyz, outboxes),
+			&http.Server{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, log)
+		paths := "/healthz, /readyz and /metrics"
+		if outboxes != nil {
+			paths = "/healthz, /readyz, /outboxes and /metrics"
+		}
+		log.Info("serving "+paths, "addr", srv.url, "auth", creds.describe())
+		return func() { _ = srv.stop(ctx) }
+	}
+
 	if *configPath != "" {
 		return a.relayGroup(ctx, *configPath, base, log, func(p groupProbes) func() {
-			if ln == nil {
-				return func() {}
-			}
-			h := relayHandler(newGuard(&lf, creds), registry, p.healthz, p.readyz, p.outboxes)
-			srv := serveHTTP(ln, tlsConfig, h,
-				&http.Server{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, log)
-			log.Info("serving /healthz, /readyz, /outboxes and /metrics", "addr", srv.url, "auth", creds.describe())
-			return func() { _ = srv.stop(ctx) }
+			return serve(p.healthz, p.readyz, p.outboxes)
 		})
 	}
 
@@ -127,20 +136,13 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	}
 
 	var done atomic.Bool // Run returned
-	var srv *httpServer
-	if ln != nil {
-		p := probes{state: rl.State, done: done.Load}
-		srv = serveHTTP(ln, tlsConfig, relayHandler(newGuard(&lf, creds), registry, p.healthz, p.readyz, nil),
-			&http.Server{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}, log)
-		log.Info("serving /healthz, /readyz and /metrics", "addr", srv.url, "auth", creds.describe())
-	}
+	p := probes{state: rl.State, done: done.Load}
+	stop := serve(p.healthz, p.readyz, nil)
 
 	log.Info("relay started", "outbox", s.names.Outbox, "database", s.shown, "transport", t.shown)
 	err = rl.Run(ctx)
 	done.Store(true)
-	if srv != nil {
-		_ = srv.stop(ctx)
-	}
+	stop()
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return a.stderr.hide(err)
 	}

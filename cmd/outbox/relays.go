@@ -131,7 +131,7 @@ func (a *app) readGroupFile(path string) (*groupFile, map[string]resolved, error
 		if r.databaseURL != "" {
 			if t, err := parseDatabaseURL(r.databaseURL, a.stderr); err != nil {
 				errs = append(errs, fmt.Errorf("%s: database_url: %w", where, err))
-			} else if _, err := outboxOn(t, nil, dbFlags{schema: s.Schema, table: s.Table}); err != nil {
+			} else if _, err := outboxOn(t, dbFlags{schema: s.Schema, table: s.Table}); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", where, err))
 			}
 		}
@@ -238,10 +238,11 @@ func (gr *groupRunner) add(ctx context.Context, r resolved) (err error) {
 			gr.release(r)
 		}
 	}()
-	st, err := outboxOn(db.t, db.db, dbFlags{schema: s.Schema, table: s.Table})
+	st, err := outboxOn(db.t, dbFlags{schema: s.Schema, table: s.Table})
 	if err != nil {
 		return err
 	}
+	st.on(db.db)
 	if err := st.checkSchema(ctx); err != nil {
 		return err
 	}

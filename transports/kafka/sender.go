@@ -230,13 +230,21 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 	// the one before, so none is written after one of its key that failed. (franz-go fails
 	// the records buffered for a partition after a failed batch, but not those produced
 	// after the failure: those would be written.) Keys, and keyless records, go side by side.
+	// notSent is the failure of message i, never produced because of cause; behind, because
+	// the message of its key with the given ID failed before it.
+	notSent := func(i int, cause error) error {
+		return fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, cause)
+	}
+	behind := func(i int, first string) error {
+		return notSent(i, fmt.Errorf("message %s of its key failed before it: %w", first, errKeyFailed))
+	}
 	var failedKeys map[string]string // key → the ID of its message that failed before being produced
 	var inFlight map[string]bool     // keys with a record produced and not yet answered
 	var waiting map[string][]int     // key → its records waiting for the one before
 	for i, r := range recs {
 		key := msgs[i].Key
 		if first, ok := failedKeys[key]; ok && key != "" {
-			failed[i] = fmt.Errorf("outboxkafka: message %s not sent: message %s of its key failed before it: %w", msgs[i].ID, first, errKeyFailed)
+			failed[i] = behind(i, first)
 			continue
 		}
 		if r != nil {
@@ -248,7 +256,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			}
 		}
 		if err := ctx.Err(); err != nil && failed[i] == nil {
-			failed[i] = fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, err)
+			failed[i] = notSent(i, err)
 		}
 		switch {
 		case failed[i] != nil:
@@ -282,7 +290,7 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 		}
 		if why == nil {
 			if err := ctx.Err(); err != nil {
-				why = func(i int) error { return fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, err) }
+				why = func(i int) error { return notSent(i, err) }
 			}
 		}
 		if why == nil {
@@ -312,15 +320,14 @@ func (s *Sender) Send(ctx context.Context, msgs []outbox.Message) error {
 			if key := msgs[res.i].Key; key != "" {
 				var why func(int) error
 				if res.err != nil {
-					why = func(i int) error {
-						return fmt.Errorf("outboxkafka: message %s not sent: message %s of its key failed before it: %w", msgs[i].ID, msgs[res.i].ID, errKeyFailed)
-					}
+					first := msgs[res.i].ID.String()
+					why = func(i int) error { return behind(i, first) }
 				}
 				next(key, why)
 			}
 		case <-ctx.Done():
 			for key := range waiting {
-				next(key, func(i int) error { return fmt.Errorf("outboxkafka: message %s not sent: %w", msgs[i].ID, ctx.Err()) })
+				next(key, func(i int) error { return notSent(i, ctx.Err()) })
 			}
 			for i, r := range recs {
 				if r != nil && !done[i] && failed[i] == nil {
