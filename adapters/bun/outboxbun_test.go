@@ -87,10 +87,10 @@ func newTestOutbox(t testing.TB, i int, opts ...outboxbun.Option) *testOutbox {
 	return &testOutbox{Outbox: o, Target: tg, db: db}
 }
 
-// publish is the fixtures' Publish: one db.RunInTx, committed or rolled back.
-func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.Encodable) error {
+// inTx runs fn in one db.RunInTx, committed, or rolled back when commit is false.
+func (o *testOutbox) inTx(ctx context.Context, commit bool, fn func(ctx context.Context, tx bun.Tx) error) error {
 	err := o.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		if err := o.Publish(ctx, tx, events...); err != nil {
+		if err := fn(ctx, tx); err != nil {
 			return err
 		}
 		if !commit {
@@ -104,20 +104,14 @@ func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.
 	return err
 }
 
-// cancel is the fixtures' Cancel: one db.RunInTx, committed or rolled back.
+// publish is the fixtures' Publish, in one transaction.
+func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.Encodable) error {
+	return o.inTx(ctx, commit, func(ctx context.Context, tx bun.Tx) error { return o.Publish(ctx, tx, events...) })
+}
+
+// cancel is the fixtures' Cancel, in one transaction.
 func (o *testOutbox) cancel(ctx context.Context, commit bool, id uuid.UUID) (ok bool, err error) {
-	err = o.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		if ok, err = o.Cancel(ctx, tx, id); err != nil {
-			return err
-		}
-		if !commit {
-			return sqlstoretest.ErrRollback
-		}
-		return nil
-	})
-	if errors.Is(err, sqlstoretest.ErrRollback) {
-		err = nil
-	}
+	err = o.inTx(ctx, commit, func(ctx context.Context, tx bun.Tx) (err error) { ok, err = o.Cancel(ctx, tx, id); return err })
 	return ok, err
 }
 

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"log"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/txoutbox/outbox"
@@ -27,19 +25,8 @@ func (ReminderDue) EventType() string { return "orders.reminder_due" }
 // time; a second one is cancelled in a later transaction (the order was paid) and never sent.
 func ExampleOutbox_Cancel() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "outboxsql-scheduled")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer db.Close()
-	if err := outboxsql.SQLite.Migrate(ctx, db); err != nil {
-		log.Fatal(err)
-	}
+	db, done := migratedSQLite(ctx) // as in Example
+	defer done()
 	inTx := func(fn func(tx *sql.Tx) error) {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {

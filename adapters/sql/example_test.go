@@ -98,19 +98,8 @@ func (OrderCreated) EventType() string { return "orders.created" }
 // event is written.
 func ExampleOutbox_IdempotentHTTP() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "outboxsql-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer db.Close()
-	if err := outboxsql.SQLite.Migrate(ctx, db); err != nil {
-		log.Fatal(err)
-	}
+	db, done := migratedSQLite(ctx) // as in Example
+	defer done()
 	if _, err := db.ExecContext(ctx, "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)"); err != nil {
 		log.Fatal(err)
 	}
@@ -151,4 +140,24 @@ func ExampleOutbox_IdempotentHTTP() {
 	// 201  order-1
 	// 201 true order-1
 	// orders: 1 events: 1
+}
+
+// migratedSQLite opens a migrated SQLite outbox in a temporary directory, as Example does,
+// for the other examples; done closes and removes it.
+func migratedSQLite(ctx context.Context) (db *sql.DB, done func()) {
+	dir, err := os.MkdirTemp("", "outboxsql-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err = sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := outboxsql.SQLite.Migrate(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	return db, func() {
+		db.Close()
+		os.RemoveAll(dir)
+	}
 }

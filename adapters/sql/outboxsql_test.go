@@ -76,13 +76,13 @@ func (o *testOutbox) store(t testing.TB) outboxdriver.Store {
 	return s
 }
 
-// publish is the fixtures' Publish: one BeginTx transaction, committed or rolled back.
-func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.Encodable) error {
+// inTx runs fn in one BeginTx transaction, committed, or rolled back when commit is false.
+func (o *testOutbox) inTx(ctx context.Context, commit bool, fn func(tx *sql.Tx) error) error {
 	tx, err := o.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	if err := o.Publish(ctx, tx, events...); err != nil {
+	if err := fn(tx); err != nil {
 		return errors.Join(err, tx.Rollback())
 	}
 	if !commit {
@@ -91,20 +91,15 @@ func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.
 	return tx.Commit()
 }
 
-// cancel is the fixtures' Cancel: one BeginTx transaction, committed or rolled back.
-func (o *testOutbox) cancel(ctx context.Context, commit bool, id uuid.UUID) (bool, error) {
-	tx, err := o.DB.BeginTx(ctx, nil)
-	if err != nil {
-		return false, err
-	}
-	ok, err := o.Cancel(ctx, tx, id)
-	if err != nil {
-		return false, errors.Join(err, tx.Rollback())
-	}
-	if !commit {
-		return ok, tx.Rollback()
-	}
-	return ok, tx.Commit()
+// publish is the fixtures' Publish, in one transaction.
+func (o *testOutbox) publish(ctx context.Context, commit bool, events ...outbox.Encodable) error {
+	return o.inTx(ctx, commit, func(tx *sql.Tx) error { return o.Publish(ctx, tx, events...) })
+}
+
+// cancel is the fixtures' Cancel, in one transaction.
+func (o *testOutbox) cancel(ctx context.Context, commit bool, id uuid.UUID) (ok bool, err error) {
+	err = o.inTx(ctx, commit, func(tx *sql.Tx) (err error) { ok, err = o.Cancel(ctx, tx, id); return err })
+	return ok, err
 }
 
 // fixture is the store suite's fixture over o.
