@@ -3,19 +3,28 @@ package outboxpglog_test
 import (
 	"context"
 	"errors"
+	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/adapters/pgx/pglog"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/outboxtest"
+	"github.com/txoutbox/outbox/relay"
+	outboxmemory "github.com/txoutbox/outbox/transports/memory"
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(childSchema) != "" {
+		runChildRelay() // the kill test's relay process; never returns
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
 }
 
@@ -45,7 +54,25 @@ func testConfig(schema string) *outboxpglog.Config {
 	}
 }
 
+// newLogOutbox is newLogOutboxStopped whose store reads the log until t ends.
 func newLogOutbox(t *testing.T, srv *pgxtest.Server) *logOutbox {
+	t.Helper()
+	o := newLogOutboxStopped(t, srv)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := o.store.Run(ctx, nil); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return o
+}
+
+// newLogOutboxStopped is an outbox in a schema of its own on srv, with its publication, and
+// a log store over it that nothing runs yet; its slot and publication are dropped when t
+// ends.
+func newLogOutboxStopped(t *testing.T, srv *pgxtest.Server) *logOutbox {
 	t.Helper()
 	o := pgxtest.NewOn(t, srv.URL(), "l")
 	cfg := testConfig(o.Schema)
@@ -58,25 +85,68 @@ func newLogOutbox(t *testing.T, srv *pgxtest.Server) *logOutbox {
 			t.Error(err)
 		}
 	})
-	return &logOutbox{Outbox: o, store: newStore(t, o, cfg), cfg: cfg}
-}
-
-// newStore returns a log store over o that reads the log until t ends.
-func newStore(t *testing.T, o *pgxtest.Outbox, cfg *outboxpglog.Config) *outboxpglog.Store {
-	t.Helper()
 	s, err := outboxpglog.NewStore(o.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &logOutbox{Outbox: o, store: s, cfg: cfg}
+}
+
+// slot is the name of the outbox's slot (the default).
+func (o *logOutbox) slot() string { return "txoutbox_" + o.Schema + "_outbox" }
+
+// running is a relay that runs until stop.
+type running struct{ stop func() }
+
+// runRelay runs a relay over o's store into sender until the returned stop (or t's end).
+func (o *logOutbox) runRelay(t *testing.T, sender outbox.Sender) running {
+	t.Helper()
+	r, err := relay.New(o.store, sender, &relay.Config{Lease: 2 * time.Second, MaxPollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := s.Run(ctx, nil); err != nil {
-			t.Errorf("Run: %v", err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("relay: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return running{stop}
+}
+
+// publish commits n events, one per transaction, and returns their IDs.
+func (o *logOutbox) publish(t *testing.T, n int) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, n)
+	for i := range n {
+		e := outbox.New(note{N: i})
+		if err := pgx.BeginFunc(context.Background(), o.Pool, func(tx pgx.Tx) error { return o.Publish(context.Background(), tx, e) }); err != nil {
+			t.Fatal(err)
 		}
-	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	return s
+		ids[i] = e.ID
+	}
+	return ids
+}
+
+// recorder is an in-memory broker that tells whether events arrived.
+type recorder struct{ *outboxmemory.Queue }
+
+func newRecorder() recorder { return recorder{outboxmemory.New(nil)} }
+
+func (r recorder) has(ids []uuid.UUID) bool {
+	sent := r.Sent()
+	got := make(map[uuid.UUID]bool, len(sent))
+	for _, m := range sent {
+		got[m.ID] = true
+	}
+	return !slices.ContainsFunc(ids, func(id uuid.UUID) bool { return !got[id] })
 }
 
 // waitMode waits until s is in mode m.
@@ -127,4 +197,68 @@ func (o *logOutbox) fixture(t *testing.T) *outboxtest.StoreFixture {
 		return errors.Join(err, o.store.Resync(ctx))
 	}
 	return f
+}
+
+// TestStreamsWithoutClaiming: once the store streams, events published one per transaction
+// reach the broker without a claim statement — the claim function is renamed away, so a
+// poll would fail the relay — and the table is left empty.
+func TestStreamsWithoutClaiming(t *testing.T) {
+	srv := startServer(t)
+	o := newLogOutboxStopped(t, srv)
+	ctx := context.Background()
+	q := newRecorder()
+	run := o.runRelay(t, q)
+	waitMode(t, o.store, "stream")
+	rename := func(from, to string) {
+		if _, err := o.Pool.Exec(ctx, "ALTER FUNCTION "+o.Schema+"."+from+" RENAME TO "+to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename("outbox_claim", "outbox_claim_away")
+	ids := o.publish(t, 200)
+	outboxtest.WaitFor(t, 30*time.Second, "the events to be delivered", func() bool { return q.has(ids) })
+	if err := o.store.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := o.store.Mode(); m != "stream" {
+		t.Errorf("the store left streaming (%s) though nothing failed", m)
+	}
+	if n := o.Count(t, "outbox"); n != 0 {
+		t.Errorf("%d delivered rows left in the outbox", n)
+	}
+	run.stop() // fails the test if a poll met the renamed function
+	rename("outbox_claim_away", "outbox_claim")
+}
+
+// TestKeyOrderIsCommitOrder: the log brings a key's events in the order their transactions
+// commit. An event whose transaction began first but commits last is delivered last, as the
+// polling relay does too (docs/ordering.md).
+func TestKeyOrderIsCommitOrder(t *testing.T) {
+	srv := startServer(t)
+	o := newLogOutboxStopped(t, srv)
+	ctx := context.Background()
+	q := newRecorder()
+	o.runRelay(t, q)
+	waitMode(t, o.store, "stream")
+	late, early := outbox.New(note{N: 1}, outbox.WithKey("k")), outbox.New(note{N: 2}, outbox.WithKey("k"))
+	tx, err := o.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := o.Publish(ctx, tx, late); err != nil { // takes the lower seq
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, o.Pool, func(tx pgx.Tx) error { return o.Publish(ctx, tx, early) }); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.WaitFor(t, 10*time.Second, "the event committed first", func() bool { return q.has([]uuid.UUID{early.ID}) })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.WaitFor(t, 10*time.Second, "the event committed last", func() bool { return q.has([]uuid.UUID{late.ID}) })
+	sent := q.Sent()
+	if len(sent) != 2 || sent[0].ID != early.ID || sent[1].ID != late.ID {
+		t.Fatalf("delivered %v, want the commit order: early, then late", sent)
+	}
 }

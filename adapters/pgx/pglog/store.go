@@ -29,9 +29,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"regexp"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +38,7 @@ import (
 
 	"github.com/txoutbox/outbox"
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
+	"github.com/txoutbox/outbox/adapters/pgx/internal/pgxdb"
 	"github.com/txoutbox/outbox/internal/config"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 	"github.com/txoutbox/outbox/outboxdriver"
@@ -73,8 +72,6 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-var slotNameRe = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
-
 // withDefaults returns a copy of c (nil allowed) with every unset field at its default, and
 // the outbox's names.
 func (c *Config) withDefaults() (Config, *sqlstore.Names, error) {
@@ -86,11 +83,7 @@ func (c *Config) withDefaults() (Config, *sqlstore.Names, error) {
 	if err != nil {
 		return out, nil, err
 	}
-	def := "txoutbox_" + n.Prefix
-	if n.Schema != "" {
-		def = "txoutbox_" + n.Schema + "_" + n.Prefix
-	}
-	def = strings.ToLower(def)
+	def := sqlstore.DefaultLogName(n)
 	config.Default(&out.Slot, def)
 	config.Default(&out.Publication, def)
 	config.Default(&out.StandbyRetry, time.Second)
@@ -101,20 +94,15 @@ func (c *Config) withDefaults() (Config, *sqlstore.Names, error) {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
-	var errs []error
-	for what, name := range map[string]string{"Slot": out.Slot, "Publication": out.Publication} {
-		if !slotNameRe.MatchString(name) {
-			errs = append(errs, fmt.Errorf("%s %q is not 1 to 63 lower-case letters, digits and _", what, name))
-		}
-	}
+	errs := []error{sqlstore.CheckLogName("Slot", out.Slot), sqlstore.CheckLogName("Publication", out.Publication)}
 	if out.StandbyRetry <= 0 || out.DeleteInterval <= 0 || out.SweepInterval <= 0 || out.StaleAfter <= 0 {
 		errs = append(errs, errors.New("StandbyRetry, DeleteInterval, SweepInterval and StaleAfter must be positive"))
 	}
 	if out.MaxBuffered < 1 {
 		errs = append(errs, fmt.Errorf("MaxBuffered %d is below 1", out.MaxBuffered))
 	}
-	if len(errs) > 0 {
-		return out, nil, fmt.Errorf("outboxpglog: invalid Config: %w", errors.Join(errs...))
+	if err := errors.Join(errs...); err != nil {
+		return out, nil, fmt.Errorf("outboxpglog: invalid Config: %w", err)
 	}
 	return out, n, nil
 }
@@ -624,7 +612,7 @@ func (s *Store) Stats(ctx context.Context) (outboxdriver.Stats, error) {
 	if err != nil {
 		return st, err
 	}
-	slot, err := ReadSlot(ctx, s.pool, s.cfg.Slot)
+	slot, err := sqlstore.ReadSlot(ctx, pgxdb.Querier{Q: s.pool}, s.cfg.Slot)
 	if err != nil {
 		return st, err
 	}

@@ -2,14 +2,12 @@ package outboxpglog
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/internal/pgxdb"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 	"github.com/txoutbox/outbox/outboxdriver"
 )
@@ -177,69 +175,38 @@ SELECT seq, key, (SELECT count(*) FROM `+s.names.Outbox+` WHERE available_at = '
 
 // ReadSlot reads the state of the replication slot called slot: whether it exists and is
 // read, and the WAL it retains (outbox status, and the relay's gauges through Stats).
-func ReadSlot(ctx context.Context, db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, slot string) (outboxdriver.SlotStats, error) {
-	st := outboxdriver.SlotStats{Name: slot}
-	var walStatus *string
-	err := db.QueryRow(ctx, `SELECT active,
-       coalesce(pg_current_wal_lsn() - restart_lsn, 0)::bigint,
-       coalesce(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint,
-       wal_status
-  FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&st.Active, &st.RetainedWAL, &st.Lag, &walStatus)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return st, nil
-	case err != nil:
-		return st, fmt.Errorf("outboxpglog: reading slot %s: %w", slot, err)
-	}
-	st.Exists = true
-	if walStatus != nil {
-		st.WALStatus = *walStatus
+func ReadSlot(ctx context.Context, pool *pgxpool.Pool, slot string) (outboxdriver.SlotStats, error) {
+	st, err := sqlstore.ReadSlot(ctx, pgxdb.Querier{Q: pool}, slot)
+	if err != nil {
+		return st, fmt.Errorf("outboxpglog: %w", err)
 	}
 	return st, nil
 }
 
 // CreatePublication creates the publication of the outbox's inserts that the store reads
 // (cfg.Publication), if it does not exist. The outbox must be migrated; `outbox migrate
-// --log` calls it. It needs ownership of the outbox table.
+// --log` does the same. It needs ownership of the outbox table.
 func CreatePublication(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	c, n, err := cfg.withDefaults()
 	if err != nil {
 		return err
 	}
-	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)", c.Publication).Scan(&exists); err != nil {
+	if err := sqlstore.CreatePublication(ctx, pgxdb.Querier{Q: pool}, n, c.Publication); err != nil {
 		return fmt.Errorf("outboxpglog: %w", err)
-	}
-	if exists {
-		return nil
-	}
-	// Names are validated identifiers (withDefaults, sqlstore.NewNames), never user text.
-	_, err = pool.Exec(ctx, "CREATE PUBLICATION "+c.Publication+" FOR TABLE "+n.Outbox+" WITH (publish = 'insert')")
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("outboxpglog: creating publication %s: %w", c.Publication, sqlstore.Classify(err, n))
 	}
 	return nil
 }
 
 // Drop drops the store's replication slot and publication (those of cfg), if they exist:
 // for an outbox that goes back to polling, or is removed. A slot that a relay reads cannot
-// be dropped: stop the relays first. `outbox log drop` calls it.
+// be dropped: stop the relays first. `outbox log drop` does the same.
 func Drop(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 	c, _, err := cfg.withDefaults()
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", c.Slot); err != nil {
-		return fmt.Errorf("outboxpglog: dropping slot %s: %w", c.Slot, err)
-	}
-	if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+c.Publication); err != nil {
-		return fmt.Errorf("outboxpglog: dropping publication %s: %w", c.Publication, err)
+	if err := sqlstore.DropLog(ctx, pgxdb.Querier{Q: pool}, c.Slot, c.Publication); err != nil {
+		return fmt.Errorf("outboxpglog: %w", err)
 	}
 	return nil
 }
