@@ -232,8 +232,8 @@ func (s *Store) Mode() string {
 // Claim hands out streamed rows while streaming, the polling store's claims while polling,
 // and nothing on standby or while leaving streaming.
 func (s *Store) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outboxdriver.Claimed, error) {
+	s.expire(ctx)
 	s.mu.Lock()
-	s.expireLocked(ctx, time.Now())
 	if s.mode == leaving && len(s.claims) == 0 {
 		s.mu.Unlock()
 		if err := s.flushDeletes(ctx); err != nil {
@@ -435,11 +435,13 @@ func (s *Store) adopt(ctx context.Context, token int64, seqs []int64, why string
 	return err
 }
 
-// expireLocked ends the streamed claims whose lease passed (their relay hung or died without
-// a write-back), as an expired lease does in the table: an attempt is counted on their rows,
+// expire ends the streamed claims whose lease passed (their relay hung or died without a
+// write-back), as an expired lease does in the table: an attempt is counted on their rows,
 // and the store leaves streaming so that the polls claim them again.
-func (s *Store) expireLocked(ctx context.Context, now time.Time) {
+func (s *Store) expire(ctx context.Context) {
+	s.mu.Lock()
 	var lost []int64
+	now := time.Now()
 	for token, c := range s.claims {
 		if now.Before(c.until) {
 			continue
@@ -451,11 +453,12 @@ func (s *Store) expireLocked(ctx context.Context, now time.Time) {
 		s.settleLocked(token, seqs)
 		lost = append(lost, seqs...)
 	}
+	if len(lost) > 0 && s.mode == streaming {
+		s.setModeLocked(leaving, "a streamed claim's lease expired without a write-back")
+	}
+	s.mu.Unlock()
 	if len(lost) == 0 {
 		return
-	}
-	if s.mode == streaming {
-		s.setModeLocked(leaving, "a streamed claim's lease expired without a write-back")
 	}
 	// Best effort, like a lease that expires: if the database is down the attempt goes
 	// uncounted.

@@ -147,8 +147,8 @@ func (s *Store) checkPublication(ctx context.Context) error {
 // drainClaims waits until every streamed claim was written back or its lease expired.
 func (s *Store) drainClaims(ctx context.Context) {
 	for {
+		s.expire(ctx)
 		s.mu.Lock()
-		s.expireLocked(ctx, time.Now())
 		n := len(s.claims)
 		s.mu.Unlock()
 		if n == 0 {
@@ -177,8 +177,8 @@ func (s *Store) maintain(ctx context.Context, lockConn *pgx.Conn) error {
 		if err := s.flushDeletes(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("outbox relay: deleting delivered rows failed; retrying", "slot", s.cfg.Slot, "err", err)
 		}
+		s.expire(ctx)
 		s.mu.Lock()
-		s.expireLocked(ctx, time.Now())
 		streamingNow := s.mode == streaming
 		s.mu.Unlock()
 		s.trySwitch(ctx, 100*time.Millisecond) // when no relay's claims try (an idle relay)
