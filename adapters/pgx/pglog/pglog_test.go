@@ -16,6 +16,7 @@ import (
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/adapters/pgx/pglog"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
+	"github.com/txoutbox/outbox/deadletter"
 	"github.com/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/outbox/relay"
 	outboxmemory "github.com/txoutbox/outbox/transports/memory"
@@ -260,5 +261,49 @@ func TestKeyOrderIsCommitOrder(t *testing.T) {
 	sent := q.Sent()
 	if len(sent) != 2 || sent[0].ID != early.ID || sent[1].ID != late.ID {
 		t.Fatalf("delivered %v, want the commit order: early, then late", sent)
+	}
+}
+
+// TestUnreadableInsertIsDeadLetteredAlone: a row inserted by hand that breaks the rules of a
+// message (an empty type, a key with white space around it) comes from the log like any
+// other; the relay dead-letters it alone (unreadable-row) and delivers the rest, the
+// readable events of its key included (SkipKey).
+func TestUnreadableInsertIsDeadLetteredAlone(t *testing.T) {
+	srv := startServer(t)
+	o := newLogOutboxStopped(t, srv)
+	ctx := context.Background()
+	q := newRecorder()
+	r, err := relay.New(o.store, q, &relay.Config{KeyPolicy: relay.SkipKey, MaxPollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	waitMode(t, o.store, "stream")
+	before := o.publish(t, 3)
+	for _, set := range []string{"'', 'k'", "'pglog_test.note', ' padded '"} {
+		if _, err := o.Pool.Exec(ctx, "INSERT INTO "+o.Schema+".outbox (id, type, key, content_type, body, created_at) VALUES (gen_random_uuid(), "+set+", 'application/json', '{}', now())"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := o.publish(t, 3)
+	outboxtest.WaitFor(t, 30*time.Second, "the readable events", func() bool { return q.has(before) && q.has(after) })
+	dl := o.DeadLetters(t)
+	outboxtest.WaitFor(t, 30*time.Second, "two unreadable-row dead letters", func() bool {
+		list, err := dl.List(ctx, deadletter.Filter{Kind: deadletter.KindUnreadableRow})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list) == 2
+	})
+	if n := len(q.Sent()); n != 6 {
+		t.Errorf("%d messages sent, want the 6 readable ones", n)
 	}
 }

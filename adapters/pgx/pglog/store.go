@@ -139,6 +139,7 @@ func (m mode) String() string {
 type row struct {
 	n       uint64 // arrival order
 	lsn     uint64 // end of its transaction's commit record
+	xid     uint32 // its transaction
 	claimed outboxdriver.Claimed
 }
 
@@ -183,11 +184,19 @@ type Store struct {
 	syncs     atomic.Int32  // Sync calls waiting: the stream asks the server for its position
 }
 
-// cut is what the switch to streaming learned: the stream's rows committed up to lsn were
-// either delivered by the polls (deleted) or are still in the table (seqs) and must be sent.
+// cut is what the switch to streaming learned: a streamed row of a transaction that the
+// switch's snapshot saw committed was delivered by the polls (it is gone from the table)
+// unless the table still held it (seqs); any other row is new. Rows committed after lsn,
+// read after the snapshot, are all new: the cut ends there.
 type cut struct {
 	lsn  uint64
+	snap snapshot
 	seqs map[int64]bool
+}
+
+// delivered reports whether the cut says the polls delivered r.
+func (c cut) delivered(r row) bool {
+	return c.seqs != nil && r.lsn <= c.lsn && c.snap.sawCommitted(r.xid) && !c.seqs[r.claimed.Seq]
 }
 
 var (
@@ -524,15 +533,17 @@ func (s *Store) trySwitch(ctx context.Context, interval time.Duration) {
 			return // the stream has not brought it yet (or dropped it): poll on
 		}
 	}
+	c := cut{lsn: t.lsn, snap: t.snap, seqs: t.untouched}
 	keep := s.window[:0]
 	for _, r := range s.window {
-		if (r.lsn > t.lsn || t.untouched[r.claimed.Seq]) && !t.held[r.claimed.Message.Key] {
+		if !c.delivered(r) && !t.held[r.claimed.Message.Key] {
+			delete(c.seqs, r.claimed.Seq)
 			keep = append(keep, r)
 		}
 	}
 	clear(s.window[len(keep):])
 	s.window = keep
-	s.cut = cut{lsn: t.lsn, seqs: t.untouched}
+	s.cut = c
 	if s.received > t.lsn {
 		s.cut = cut{}
 	}
@@ -544,12 +555,10 @@ func (s *Store) trySwitch(ctx context.Context, interval time.Duration) {
 // cut says the polls delivered it, or its key is held), keep it in the window otherwise.
 func (s *Store) admitLocked(r row) {
 	if s.mode == streaming {
-		if s.cut.seqs != nil && r.lsn <= s.cut.lsn {
-			if !s.cut.seqs[r.claimed.Seq] {
-				return
-			}
-			delete(s.cut.seqs, r.claimed.Seq)
+		if s.cut.delivered(r) {
+			return
 		}
+		delete(s.cut.seqs, r.claimed.Seq)
 		if s.held[r.claimed.Message.Key] {
 			return
 		}

@@ -265,7 +265,7 @@ func (s *Store) stream(ctx context.Context) error {
 	s.mu.Unlock()
 
 	d := decoder{rel: rel}
-	inTx := false
+	inTx, xid := false, uint32(0)
 	var txRows []row
 	nextStatus := time.Now().Add(statusInterval)
 	for {
@@ -330,10 +330,10 @@ func (s *Store) stream(ctx context.Context) error {
 		case *pglogrepl.RelationMessage:
 			d.relation(m)
 		case *pglogrepl.BeginMessage:
-			inTx, txRows = true, txRows[:0]
+			inTx, xid, txRows = true, m.Xid, txRows[:0]
 		case *pglogrepl.InsertMessage:
 			if m.RelationID == d.rel {
-				txRows = append(txRows, row{claimed: d.claimed(m.Tuple)})
+				txRows = append(txRows, row{xid: xid, claimed: d.claimed(m.Tuple)})
 			}
 		case *pglogrepl.CommitMessage:
 			inTx = false

@@ -3,6 +3,8 @@ package outboxpglog
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -46,22 +48,25 @@ DELETE FROM `+s.names.Outbox+` WHERE seq = ANY ($1) AND claim_token IS NULL AND 
 
 // tableState is what the switch to streaming reads of the table.
 type tableState struct {
-	lsn        uint64         // the WAL position read before the rows
+	snap       snapshot       // the snapshot the rows were read in
+	lsn        uint64         // the WAL position read after it
 	untouched  map[int64]bool // rows never claimed, neither held nor behind a held row
 	held       map[string]bool
 	heldRows   int64
 	streamable bool // no row is leased or waiting for a retry, and there are at most limit rows
 }
 
-// readTable reads the WAL position, then (in a later snapshot) up to limit+1 rows of the
-// table: every commit before the position is visible to the second statement.
+// readTable reads up to limit+1 rows of the table in one snapshot, with that snapshot and
+// the WAL position read after it: a streamed row whose transaction the snapshot saw
+// committed was either delivered by the polls (gone) or is among the rows; any other
+// streamed row is new (see cut).
 func (s *Store) readTable(ctx context.Context, limit int) (tableState, error) {
 	t := tableState{untouched: map[int64]bool{}, held: map[string]bool{}}
-	if err := s.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(lsnScanner{&t.lsn}); err != nil {
-		return t, err
-	}
-	rows, err := s.pool.Query(ctx, `SELECT seq, key, available_at = 'infinity', claim_token IS NULL AND attempts = 0
-  FROM `+s.names.Outbox+` ORDER BY seq LIMIT $1`, limit+1)
+	rows, err := s.pool.Query(ctx, `WITH r AS (
+SELECT seq, key, available_at = 'infinity' AS held, claim_token IS NULL AND attempts = 0 AS untouched
+  FROM `+s.names.Outbox+` ORDER BY seq LIMIT $1)
+SELECT pg_current_snapshot()::text, pg_current_wal_lsn()::text, r.seq, r.key, r.held, r.untouched
+  FROM (SELECT) AS one LEFT JOIN r ON true`, limit+1)
 	if err != nil {
 		return t, err
 	}
@@ -70,16 +75,29 @@ func (s *Store) readTable(ctx context.Context, limit int) (tableState, error) {
 		key             string
 		held, untouched bool
 	}
-	var all []r
+	var (
+		all        []r
+		snap, lsn  string
+		seq        *int64
+		key        *string
+		held, free *bool
+	)
 	for rows.Next() {
-		var x r
-		if err := rows.Scan(&x.seq, &x.key, &x.held, &x.untouched); err != nil {
+		if err := rows.Scan(&snap, &lsn, &seq, &key, &held, &free); err != nil {
 			rows.Close()
 			return t, err
 		}
-		all = append(all, x)
+		if seq != nil { // nil: the left join's row of an empty table
+			all = append(all, r{*seq, *key, *held, *free})
+		}
 	}
 	if err := rows.Err(); err != nil {
+		return t, err
+	}
+	if t.snap, err = parseSnapshot(snap); err != nil {
+		return t, err
+	}
+	if err := (lsnScanner{&t.lsn}).Scan(lsn); err != nil {
 		return t, err
 	}
 	if len(all) > limit {
@@ -214,4 +232,53 @@ func Drop(ctx context.Context, pool *pgxpool.Pool, cfg *Config) error {
 // errNoPublication is the relay's error when the publication is missing.
 func errNoPublication(pub string) error {
 	return fmt.Errorf("%w: publication %s does not exist: run `outbox migrate --log` (or outboxpglog.CreatePublication)", outbox.ErrSchema, pub)
+}
+
+// snapshot is a pg_snapshot: which transactions it sees as committed.
+type snapshot struct {
+	xmin, xmax uint64
+	xip        map[uint64]bool
+}
+
+// parseSnapshot parses pg_current_snapshot()'s text, "xmin:xmax:xip,xip".
+func parseSnapshot(text string) (snapshot, error) {
+	parts := strings.Split(text, ":")
+	if len(parts) != 3 {
+		return snapshot{}, fmt.Errorf("outboxpglog: snapshot %q is not xmin:xmax:xip", text)
+	}
+	var sn snapshot
+	var err error
+	if sn.xmin, err = strconv.ParseUint(parts[0], 10, 64); err == nil {
+		sn.xmax, err = strconv.ParseUint(parts[1], 10, 64)
+	}
+	if err != nil {
+		return snapshot{}, fmt.Errorf("outboxpglog: snapshot %q: %w", text, err)
+	}
+	sn.xip = map[uint64]bool{}
+	for _, x := range strings.Split(parts[2], ",") {
+		if x == "" {
+			continue
+		}
+		xid, err := strconv.ParseUint(x, 10, 64)
+		if err != nil {
+			return snapshot{}, fmt.Errorf("outboxpglog: snapshot %q: %w", text, err)
+		}
+		sn.xip[xid] = true
+	}
+	return sn, nil
+}
+
+// sawCommitted reports whether the snapshot sees the transaction xid (32 bits, as the log
+// names it) as committed: before xmin, or before xmax and not in progress. The 32-bit xid
+// takes the epoch that puts it within 2^31 of xmax, as PostgreSQL compares xids.
+func (sn snapshot) sawCommitted(xid uint32) bool {
+	const half, wrap = 1 << 31, 1 << 32
+	full := sn.xmax&^(wrap-1) | uint64(xid)
+	switch {
+	case full > sn.xmax+half && full >= wrap:
+		full -= wrap
+	case full+half < sn.xmax:
+		full += wrap
+	}
+	return full < sn.xmin || (full < sn.xmax && !sn.xip[full])
 }
