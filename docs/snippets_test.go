@@ -38,6 +38,7 @@ var imports = map[string]string{
 	"relay":         "github.com/txoutbox/outbox/relay",
 	"outboxmemory":  "github.com/txoutbox/outbox/transports/memory",
 	"outboxpgx":     "github.com/txoutbox/outbox/adapters/pgx",
+	"outboxpglog":   "github.com/txoutbox/outbox/adapters/pgx/pglog",
 	"outboxgorm":    "github.com/txoutbox/outbox/adapters/gorm",
 	"outboxbun":     "github.com/txoutbox/outbox/adapters/bun",
 	"outboxsql":     "github.com/txoutbox/outbox/adapters/sql",

@@ -53,6 +53,16 @@ type Validator interface {
 	Validate(ctx context.Context) error
 }
 
+// Runner is an optional interface of a [Store] that has work of its own while a relay runs
+// (outboxpglog's store reads PostgreSQL's log of changes). [relay.Relay.Run] runs Run beside
+// its claim loops and waits for it to return once its context ends; wake makes the relay
+// claim now ([relay.Relay.Wake]), for a store that learns of new messages by itself. Run
+// returns nil when ctx ends; any other error stops the relay, which returns it. A store
+// shared by several relays is run once: later calls add their wake and wait for ctx.
+type Runner interface {
+	Run(ctx context.Context, wake func()) error
+}
+
 // ClaimParams are the arguments of [Store.Claim].
 type ClaimParams struct {
 	// Owner names the claiming relay (relay.Config.Name), for people reading the table.
@@ -167,4 +177,28 @@ type Stats struct {
 	Scheduled int64
 	// NextDue is when the first scheduled event falls due; zero when none is scheduled.
 	NextDue time.Time
+	// Slot is the replication slot of a store that reads the database's log (outboxpglog);
+	// nil for a store that polls.
+	Slot *SlotStats
+}
+
+// SlotStats describes the logical replication slot of a store that reads PostgreSQL's log.
+type SlotStats struct {
+	// Name is the slot's name; Exists is false when it was dropped or never created (the
+	// store then polls the table until it creates it again).
+	Name   string
+	Exists bool
+	// Active says whether a relay is reading the slot now.
+	Active bool
+	// RetainedWAL is how many bytes of WAL the slot keeps on the server's disk (from its
+	// restart_lsn to the current position); Lag how many bytes its confirmed position is
+	// behind the current one.
+	RetainedWAL, Lag int64
+	// WALStatus is the server's view of the slot's WAL: reserved, extended, unreserved or
+	// lost (pg_replication_slots.wal_status).
+	WALStatus string
+	// Mode is what the store in this process does: "stream" (sends what the log names),
+	// "poll" (claims from the table, as after a start or a failure), "standby" (another
+	// relay holds the slot); empty when read from outside a relay (outbox status).
+	Mode string
 }

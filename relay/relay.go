@@ -250,9 +250,10 @@ func (r *Relay) Wake() {
 // Run delivers messages until ctx ends, then returns nil once the batch in flight is sent
 // (bounded by SendTimeout) and written back, or released. While the broker or the database
 // is unavailable it pauses and probes (see UnavailableBackoff) for as long as that lasts.
-// It returns an error if the relay is already running, or if the outbox's schema is not
+// It returns an error if the relay is already running, if the outbox's schema is not
 // migrated (an error wrapping [outbox.ErrSchema], found before the first claim when the store is a
-// [outboxdriver.Validator], else by the first claim).
+// [outboxdriver.Validator], else by the first claim), or if the store's own work failed for
+// good (an [outboxdriver.Runner]'s error).
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: Relay.Run called while the relay is running")
@@ -269,6 +270,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	var wg sync.WaitGroup
+	var runErr error // the store's Runner failed: the relay stops with its error
+	if rn, ok := r.store.(outboxdriver.Runner); ok {
+		wg.Go(func() {
+			if err := rn.Run(ctx, r.Wake); err != nil && ctx.Err() == nil {
+				runErr = fmt.Errorf("outbox: relay %s: %w", r.cfg.Name, err)
+				stop(runErr)
+			}
+		})
+	}
 	for lane := range r.cfg.Concurrency {
 		wg.Go(func() {
 			if err := r.loop(ctx, lane); err != nil {
@@ -277,7 +287,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	if err := context.Cause(ctx); errors.Is(err, outbox.ErrSchema) {
+	if err := context.Cause(ctx); errors.Is(err, outbox.ErrSchema) || (runErr != nil && err == runErr) {
 		return err
 	}
 	return nil

@@ -336,8 +336,12 @@ func (t *relayTelemetry) observeStats(sr outboxdriver.StatsReader) func() {
 		o.ObserveInt64(i.DeadLettersPending, st.DeadLettersPending, set)
 		o.ObserveFloat64(i.DeadLetterAge, age(now, st.OldestPendingDeadLetter), set)
 		o.ObserveInt64(i.HeldKeys, st.HeldKeys, set)
+		if st.Slot != nil && st.Slot.Exists {
+			o.ObserveInt64(i.SlotRetainedWAL, st.Slot.RetainedWAL, set)
+			o.ObserveInt64(i.SlotLag, st.Slot.Lag, set)
+		}
 		return nil
-	}, i.Backlog, i.BacklogAge, i.DeadLettersPending, i.DeadLetterAge, i.HeldKeys)
+	}, i.Backlog, i.BacklogAge, i.DeadLettersPending, i.DeadLetterAge, i.HeldKeys, i.SlotRetainedWAL, i.SlotLag)
 	if err != nil {
 		t.log.Warn("outbox relay: the outbox gauges are unavailable", "err", err)
 		return func() {}

@@ -29,13 +29,13 @@ func (o *Outbox) NewInbox(db DB) (idempotency.Inbox[pgx.Tx], error) {
 	if db == nil {
 		return nil, errors.New("outboxpgx: NewInbox needs a database (a *pgxpool.Pool), got nil")
 	}
-	return sqlstore.NewInbox("outboxpgx", sqlstore.Postgres, o.names, pool{db},
+	return sqlstore.NewInbox("outboxpgx", sqlstore.Postgres, o.names, pool{DB: db},
 		func(ctx context.Context, fn func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, db, fn) },
 		func(tx pgx.Tx) (sqlstore.Querier, error) {
 			if tx == nil {
 				return nil, fmt.Errorf("outboxpgx: %w: got a nil pgx.Tx", outbox.ErrNotInTransaction)
 			}
-			return querier{tx}, nil
+			return querier{Q: tx}, nil
 		})
 }
 
@@ -45,7 +45,7 @@ func (o *Outbox) NewDeadLetters(db DB) (deadletter.Table, error) {
 	if db == nil {
 		return nil, errors.New("outboxpgx: NewDeadLetters needs a database (a *pgxpool.Pool), got nil")
 	}
-	return pgConsumer.DeadLetters(pool{db}, o.names), nil
+	return pgConsumer.DeadLetters(pool{DB: db}, o.names), nil
 }
 
 // PruneInbox deletes o's inbox rows (and stored HTTP responses) older than retention, at

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/internal/pgxdb"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 	"github.com/txoutbox/outbox/outboxdriver"
 )
@@ -86,11 +87,11 @@ func (o *Outbox) Publish(ctx context.Context, tx Tx, events ...outbox.Encodable)
 	if err != nil || len(msgs) == 0 {
 		return err
 	}
-	msgs, err = sqlstore.PublishScheduled(ctx, sqlstore.Postgres, querier{tx}, o.names, msgs)
+	msgs, err = sqlstore.PublishScheduled(ctx, sqlstore.Postgres, querier{Q: tx}, o.names, msgs)
 	switch {
 	case err != nil || len(msgs) == 0:
 	case len(msgs) < copyThreshold:
-		err = sqlstore.Postgres.Insert(ctx, querier{tx}, o.names, msgs)
+		err = sqlstore.Postgres.Insert(ctx, querier{Q: tx}, o.names, msgs)
 	default:
 		err = o.copy(ctx, tx, msgs)
 	}
@@ -109,7 +110,7 @@ func (o *Outbox) Cancel(ctx context.Context, tx Tx, id uuid.UUID) (bool, error) 
 	if outboxdriver.IsNil(tx) {
 		return false, fmt.Errorf("outboxpgx: %w: got a nil %T", outbox.ErrNotInTransaction, tx)
 	}
-	ok, err := sqlstore.Cancel(ctx, sqlstore.Postgres, querier{tx}, o.names, id)
+	ok, err := sqlstore.Cancel(ctx, sqlstore.Postgres, querier{Q: tx}, o.names, id)
 	if err != nil {
 		return false, fmt.Errorf("outboxpgx: %w", err)
 	}
@@ -136,7 +137,7 @@ func (o *Outbox) Migrate(ctx context.Context, db DB) error {
 	if db == nil {
 		return errors.New("outboxpgx: Migrate needs a database (a *pgxpool.Pool), got nil")
 	}
-	if err := sqlstore.Postgres.Migrate(ctx, pool{db}, o.names); err != nil {
+	if err := sqlstore.Postgres.Migrate(ctx, pool{DB: db}, o.names); err != nil {
 		return fmt.Errorf("outboxpgx: migrating: %w", err)
 	}
 	return nil
@@ -148,7 +149,7 @@ func (o *Outbox) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 	if tx == nil {
 		return fmt.Errorf("outboxpgx: %w: MigrateTx got a nil pgx.Tx", outbox.ErrNotInTransaction)
 	}
-	if err := sqlstore.Postgres.Migrate(ctx, pool{tx}, o.names); err != nil {
+	if err := sqlstore.Postgres.Migrate(ctx, pool{DB: tx}, o.names); err != nil {
 		return fmt.Errorf("outboxpgx: migrating: %w", err)
 	}
 	return nil
@@ -162,7 +163,7 @@ func (o *Outbox) Validate(ctx context.Context, db DB) error {
 	if db == nil {
 		return errors.New("outboxpgx: Validate needs a database (a *pgxpool.Pool), got nil")
 	}
-	if err := sqlstore.Validate(ctx, sqlstore.Postgres, pool{db}, o.names); err != nil {
+	if err := sqlstore.Validate(ctx, sqlstore.Postgres, pool{DB: db}, o.names); err != nil {
 		return fmt.Errorf("outboxpgx: %w", err)
 	}
 	return nil
@@ -173,60 +174,11 @@ func (o *Outbox) NewStore(db DB) (outboxdriver.Store, error) {
 	if db == nil {
 		return nil, errors.New("outboxpgx: NewStore needs a database (a *pgxpool.Pool), got nil")
 	}
-	return sqlstore.Postgres.Store(pool{db}, o.names), nil
+	return sqlstore.Postgres.Store(pool{DB: db}, o.names), nil
 }
 
-// querier adapts anything that executes pgx statements to sqlstore.Querier.
-type querier struct {
-	q interface {
-		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	}
-}
-
-func (q querier) Exec(ctx context.Context, sql string, args ...any) error {
-	_, err := q.q.Exec(ctx, sql, args...)
-	return err
-}
-
-func (q querier) Query(ctx context.Context, sql string, args ...any) (sqlstore.Rows, error) {
-	rows, err := q.q.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	return rows, nil
-}
-
-// pool adds transactions to querier.
-type pool struct{ db DB }
-
-func (p pool) Exec(ctx context.Context, sql string, args ...any) error {
-	return querier{p.db}.Exec(ctx, sql, args...)
-}
-
-func (p pool) Query(ctx context.Context, sql string, args ...any) (sqlstore.Rows, error) {
-	return querier{p.db}.Query(ctx, sql, args...)
-}
-
-func (p pool) InTx(ctx context.Context, fn func(sqlstore.Querier) error) (err error) {
-	tx, err := p.db.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, ignoreClosed(tx.Rollback(context.WithoutCancel(ctx))))
-		}
-	}()
-	if err = fn(querier{tx}); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
-}
-
-func ignoreClosed(err error) error {
-	if errors.Is(err, pgx.ErrTxClosed) {
-		return nil
-	}
-	return err
-}
+// querier and pool adapt pgx handles to sqlstore's interfaces (shared with outboxpglog).
+type (
+	querier = pgxdb.Querier
+	pool    = pgxdb.Pool
+)

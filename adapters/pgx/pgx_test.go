@@ -5,9 +5,6 @@ import (
 	"os"
 	"testing"
 
-	"github.com/google/uuid"
-
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
@@ -53,88 +50,13 @@ func (o *testOutbox) storeOn(t testing.TB, db outboxpgx.DB) outboxdriver.Store {
 func (o *testOutbox) deadLetters(t testing.TB) deadletter.Table { return o.pt.DeadLetters(t) }
 
 func (o *testOutbox) fixture(t testing.TB) *outboxtest.StoreFixture {
-	return &outboxtest.StoreFixture{
-		Store: o.store(t),
-		Publish: func(ctx context.Context, commit bool, events ...outbox.Encodable) error {
-			return pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-				if err := o.Publish(ctx, tx, events...); err != nil {
-					return err
-				}
-				if !commit {
-					return errRollback
-				}
-				return nil
-			})
-		},
-		Pending: func(ctx context.Context) (n int, err error) {
-			err = o.pool.QueryRow(ctx, "SELECT count(*) FROM "+o.schema+".outbox").Scan(&n)
-			return n, err
-		},
-		DeadLetters: func(ctx context.Context) ([]outboxtest.DeadLetterRow, error) {
-			rows, _ := o.pool.Query(ctx, "SELECT coalesce(event_id, '00000000-0000-0000-0000-000000000000'), stage, reason, attempts FROM "+o.schema+".outbox_dead_letters ORDER BY id")
-			return pgx.CollectRows(rows, pgx.RowToStructByPos[outboxtest.DeadLetterRow])
-		},
-		Cancel: func(ctx context.Context, commit bool, id uuid.UUID) (ok bool, err error) {
-			err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-				if ok, err = o.Cancel(ctx, tx, id); err != nil {
-					return err
-				}
-				if !commit {
-					return errRollback
-				}
-				return nil
-			})
-			if err == errRollback {
-				err = nil
-			}
-			return ok, err
-		},
-		PublishNilTx: func(ctx context.Context, events ...outbox.Encodable) error {
-			return o.Publish(ctx, (*pgxpool.Tx)(nil), events...)
-		},
-		DeadLetterTable: o.deadLetters(t),
-		SQL:             o.rawSQL(),
-		Unmigrate: func(ctx context.Context) error {
-			_, err := o.pool.Exec(ctx, "DROP SCHEMA "+o.schema+" CASCADE")
-			return err
-		},
-	}
+	return o.pt.Fixture(t, o.store(t))
 }
 
 // rawSQL reaches the outbox's tables with raw SQL, for the suites' poison tests.
-func (o *testOutbox) rawSQL() *outboxtest.RawSQL {
-	return &outboxtest.RawSQL{
-		Dialect: "postgres",
-		Exec: func(ctx context.Context, query string) error {
-			_, err := o.pool.Exec(ctx, query)
-			return err
-		},
-		Outbox:      o.schema + ".outbox",
-		DeadLetters: o.schema + ".outbox_dead_letters",
-		Lock: func(ctx context.Context) (func(), error) {
-			tx, err := o.pool.Begin(ctx)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := tx.Exec(ctx, "LOCK TABLE "+o.schema+".outbox IN ACCESS EXCLUSIVE MODE"); err != nil {
-				_ = tx.Rollback(ctx)
-				return nil, err
-			}
-			return func() { _ = tx.Rollback(context.Background()) }, nil
-		},
-		KillWaiting: func(ctx context.Context) (n int, err error) {
-			err = o.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
- WHERE NOT granted AND relation = $1::regclass AND pid <> pg_backend_pid()`, o.schema+".outbox").Scan(&n)
-			return n, err
-		},
-	}
-}
+func (o *testOutbox) rawSQL() *outboxtest.RawSQL { return o.pt.RawSQL() }
 
-type rollback struct{}
-
-func (rollback) Error() string { return "rolled back on purpose" }
-
-var errRollback error = rollback{}
+var errRollback = pgxtest.ErrRollback
 
 func TestConformance(t *testing.T) {
 	outboxtest.ExerciseStore(t, func(t *testing.T) *outboxtest.StoreFixture {

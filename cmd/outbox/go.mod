@@ -16,6 +16,7 @@ require (
 	github.com/twmb/franz-go/pkg/kadm v1.19.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/txoutbox/outbox v0.1.0
+	github.com/txoutbox/outbox/adapters/pgx v0.1.0
 	github.com/txoutbox/outbox/adapters/sql v0.1.0
 	modernc.org/sqlite v1.61.1
 )

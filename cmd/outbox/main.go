@@ -96,6 +96,7 @@ func init() {
 		{"status", "[--json]", "backlog, lag, leases, dead letters and inbox sizes", (*app).status},
 		{"dead-letters", "list|show|replay|discard ...", "look at dead letters, replay or discard them", (*app).deadLetters},
 		{"relay", "--transport URL [--route TYPE=DEST]... | --config FILE", "deliver the outbox (or those of FILE) to a broker until stopped", (*app).relay},
+		{"log", "drop", "drop the log relay's replication slot and publication (PostgreSQL)", (*app).logCommand},
 		{"prune", "--inbox-retention D | --dead-letters-retention D", "delete old inbox keys and settled dead letters", (*app).prune},
 		{"serve", "[--listen ADDR] [--allow-actions]", "a web console for the status and the dead letters", (*app).serve},
 		{"version", "[--json]", "print the version", (*app).version},

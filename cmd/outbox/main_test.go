@@ -161,7 +161,7 @@ func run(t *testing.T, tb *testDB, o runOpts, args ...string) result {
 	t.Helper()
 	if tb != nil {
 		words := 1
-		if args[0] == "dead-letters" {
+		if args[0] == "dead-letters" || args[0] == "log" {
 			words = 2
 		}
 		args = append(append(append([]string{}, args[:min(words, len(args))]...), tb.flags...), args[min(words, len(args)):]...)

@@ -18,6 +18,8 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	script := fs.Bool("script", false, "print the whole schema as one SQL script for a migration tool (goose, atlas, Flyway); needs --dialect, no database")
 	dialect := fs.String("dialect", "", "with --script: postgres, mysql or sqlite")
 	asJSON := fs.Bool("json", false, "with --check: print the result as JSON")
+	var lg logFlags
+	lg.add(a, fs, "also create the publication of the outbox's inserts that `outbox relay --log` reads (PostgreSQL)")
 	rest, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -27,6 +29,12 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	}
 	if n := btoi(*dryRun) + btoi(*check) + btoi(*script); n > 1 {
 		return usagef("--dry-run, --check and --script exclude each other")
+	}
+	if err := lg.check(); err != nil {
+		return err
+	}
+	if lg.on && (*dryRun || *check || *script) {
+		return usagef("--log goes with a plain migrate, not --dry-run, --check or --script")
 	}
 	if *script {
 		return a.migrationScript(f, *dialect)
@@ -81,18 +89,28 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	if len(st.Unknown) > 0 {
 		return fmt.Errorf("%s has migration(s) %s, unknown to this version: it was migrated by a newer release; upgrade outbox", s.describe(), list(st.Unknown))
 	}
+	if lg.on && s.dialect != sqlstore.Postgres {
+		return usagef("--log needs PostgreSQL: the relay that reads the log uses logical replication")
+	}
 	if err := s.outbox.Migrate(ctx, s.db); err != nil {
 		return a.stderr.hide(err)
 	}
 	if len(st.Pending) == 0 {
 		fmt.Fprintf(a.stdout, "%s is current (migrations %s): nothing to do\n", s.describe(), list(st.Applied))
-		return nil
+	} else {
+		names := make([]string, len(st.Pending))
+		for i, m := range st.Pending {
+			names[i] = fmt.Sprintf("%d %s", m.Version, m.Name)
+		}
+		fmt.Fprintf(a.stdout, "migrated %s: applied %s\n", s.describe(), strings.Join(names, ", "))
 	}
-	names := make([]string, len(st.Pending))
-	for i, m := range st.Pending {
-		names[i] = fmt.Sprintf("%d %s", m.Version, m.Name)
+	if lg.on {
+		pub := lg.publicationOf(s.names)
+		if err := sqlstore.CreatePublication(ctx, s.q, s.names, pub); err != nil {
+			return a.stderr.hide(err)
+		}
+		fmt.Fprintf(a.stdout, "publication %s of %s's inserts exists: `outbox relay --log` reads it (it creates its slot)\n", pub, s.names.Outbox)
 	}
-	fmt.Fprintf(a.stdout, "migrated %s: applied %s\n", s.describe(), strings.Join(names, ", "))
 	return nil
 }
 

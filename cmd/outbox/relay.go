@@ -12,8 +12,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	outboxpglog "github.com/txoutbox/outbox/adapters/pgx/pglog"
+	"github.com/txoutbox/outbox/internal/sqlstore"
+	"github.com/txoutbox/outbox/outboxdriver"
 	"github.com/txoutbox/outbox/relay"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -35,6 +40,8 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	lease := fs.Duration("lease", 0, "how long a claim stays with this relay (default 30s)")
 	concurrency := fs.Int("concurrency", 0, "claim, send and write-back loops at once (default 2)")
 	logFormat := fs.String("log-format", "text", "text or json")
+	var lg logFlags
+	lg.add(a, fs, "read the outbox from PostgreSQL's write-ahead log instead of polling it: logical replication, a slot this relay creates, the publication of `outbox migrate --log`; other relays with --log wait as standbys (see docs/log-relay.md)")
 	configPath := fs.String("config", "", "serve the outboxes of this JSON `file` in one process (see the README); SIGHUP reads it again. The database and transport flags then do not apply; --name and the relay settings are every outbox's defaults")
 	rest, err := parse(fs, args)
 	if err != nil {
@@ -45,6 +52,12 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	}
 	if *configPath != "" && (*transportURL != "" || f.url != "" || len(routes) > 0) {
 		return usagef("relay --config takes the databases and transports from the file: unset --database-url, --transport and --route (and OUTBOX_DATABASE_URL, OUTBOX_TRANSPORT_URL)")
+	}
+	if err := lg.check(); err != nil {
+		return err
+	}
+	if lg.on && *configPath != "" {
+		return usagef("--log relays one outbox: it does not go with --config")
 	}
 	if *transportURL == "" && *configPath == "" {
 		return usagef("relay needs --transport (or OUTBOX_TRANSPORT_URL):\n%s", transportHelp)
@@ -126,7 +139,12 @@ func (a *app) relay(ctx context.Context, args []string) error {
 		}
 	}()
 
-	store, err := s.outbox.NewStore(s.db)
+	var store outboxdriver.Store
+	if lg.on {
+		store, err = a.logStore(ctx, s, f, lg, log)
+	} else {
+		store, err = s.outbox.NewStore(s.db)
+	}
 	if err != nil {
 		return err
 	}
@@ -139,7 +157,7 @@ func (a *app) relay(ctx context.Context, args []string) error {
 	p := probes{state: rl.State, done: done.Load}
 	stop := serve(p.healthz, p.readyz, nil)
 
-	log.Info("relay started", "outbox", s.names.Outbox, "database", s.shown, "transport", t.shown)
+	log.Info("relay started", "outbox", s.names.Outbox, "database", s.shown, "transport", t.shown, "mode", mode(lg.on))
 	err = rl.Run(ctx)
 	done.Store(true)
 	stop()
@@ -250,4 +268,32 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// logStore is the store of a relay that reads the log: over a pgx pool of its own on the
+// database of s (PostgreSQL only), closed when ctx ends.
+func (a *app) logStore(ctx context.Context, s *store, f dbFlags, lg logFlags, log *slog.Logger) (outboxdriver.Store, error) {
+	if s.dialect != sqlstore.Postgres {
+		return nil, usagef("--log needs PostgreSQL: the relay reads its write-ahead log by logical replication")
+	}
+	pool, err := pgxpool.New(ctx, f.url)
+	if err != nil {
+		return nil, a.stderr.hide(err)
+	}
+	context.AfterFunc(ctx, pool.Close)
+	store, err := outboxpglog.NewStore(pool, &outboxpglog.Config{Tables: f.tables(), Slot: lg.slotOf(s.names),
+		Publication: lg.publicationOf(s.names), Logger: log})
+	if err != nil {
+		pool.Close()
+		return nil, usageError{err}
+	}
+	return store, nil
+}
+
+// mode names how a relay finds its events, for its log.
+func mode(fromLog bool) string {
+	if fromLog {
+		return "log"
+	}
+	return "poll"
 }

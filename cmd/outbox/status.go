@@ -52,6 +52,17 @@ type report struct {
 		First []heldJSON `json:"first"`
 	} `json:"held_keys"`
 	Inbox []inboxJSON `json:"inbox"`
+	// Slot is the replication slot of the relay that reads the log (outbox relay --log),
+	// on PostgreSQL when it exists.
+	Slot *slotJSON `json:"slot,omitempty"`
+}
+
+type slotJSON struct {
+	Name             string `json:"name"`
+	Active           bool   `json:"active"`
+	RetainedWALBytes int64  `json:"retained_wal_bytes"`
+	LagBytes         int64  `json:"lag_bytes"`
+	WALStatus        string `json:"wal_status"`
 }
 
 // heldJSON is a held key and the dead letter that holds it.
@@ -193,11 +204,16 @@ func (a *app) status(ctx context.Context, args []string) error {
 	var f dbFlags
 	f.add(a, fs)
 	asJSON := fs.Bool("json", false, "print the status as JSON")
+	var lg logFlags
+	lg.add(a, fs, "")
 	rest, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if err := noArgs(rest); err != nil {
+		return err
+	}
+	if err := lg.check(); err != nil {
 		return err
 	}
 	s, err := a.open(ctx, f, false)
@@ -206,6 +222,9 @@ func (a *app) status(ctx context.Context, args []string) error {
 	}
 	defer s.Close()
 	r, err := s.readReport(ctx)
+	if r != nil && err == nil && s.dialect == sqlstore.Postgres {
+		r.Slot, err = s.readSlot(ctx, lg.slotOf(s.names))
+	}
 	if r == nil {
 		return a.stderr.hide(err)
 	}
@@ -269,6 +288,7 @@ func (a *app) printReport(r *report) {
 		t.flush()
 	}
 	a.printHeldKeys(r)
+	a.printSlot(r)
 	if len(r.Inbox) == 0 {
 		fmt.Fprintf(w, "inbox         empty\n")
 		return
@@ -308,4 +328,46 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// readSlot reads the log relay's slot, nil when it does not exist (the outbox is polled).
+func (s *store) readSlot(ctx context.Context, name string) (*slotJSON, error) {
+	st, err := sqlstore.ReadSlot(ctx, s.q, name)
+	if err != nil || !st.Exists {
+		return nil, err
+	}
+	return &slotJSON{Name: st.Name, Active: st.Active, RetainedWALBytes: st.RetainedWAL, LagBytes: st.Lag, WALStatus: st.WALStatus}, nil
+}
+
+// printSlot prints the log relay's slot, if there is one, and what its state asks for.
+func (a *app) printSlot(r *report) {
+	sl := r.Slot
+	if sl == nil {
+		return
+	}
+	reader := "read by a relay"
+	if !sl.Active {
+		reader = "read by NO relay: it keeps WAL on the server's disk until one reads it, or `outbox log drop` drops it"
+	}
+	fmt.Fprintf(a.stdout, "log slot      %s, %s; keeps %s of WAL, confirmed %s behind", clean(sl.Name), reader, byteSize(sl.RetainedWALBytes), byteSize(sl.LagBytes))
+	if sl.WALStatus == "lost" {
+		fmt.Fprintf(a.stdout, "; LOST (max_slot_wal_keep_size): the relay polls and creates it again")
+	}
+	fmt.Fprintln(a.stdout)
+}
+
+// byteSize is n bytes for people: 512 B, 1.5 MB, 2.0 GB.
+func byteSize(n int64) string {
+	const unit = 1000
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, suffix := float64(n), ""
+	for _, s := range []string{"kB", "MB", "GB", "TB"} {
+		v, suffix = v/unit, s
+		if v < unit {
+			break
+		}
+	}
+	return fmt.Sprintf("%.1f %s", v, suffix)
 }

@@ -53,6 +53,7 @@ var textTimeLayouts = []string{
 	"2006-01-02 15:04:05.999999999",
 	"2006-01-02T15:04:05.999999999",
 	"2006-01-02 15:04:05.999999999Z07:00",
+	"2006-01-02 15:04:05.999999999Z07", // PostgreSQL's text output of a timestamptz at a whole-hour offset
 	time.RFC3339Nano,
 	"2006-01-02 15:04:05.999999999 -0700 MST",
 }

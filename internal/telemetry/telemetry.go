@@ -133,6 +133,9 @@ type Instruments struct {
 	DeadLettersPending metric.Int64ObservableGauge
 	DeadLetterAge      metric.Float64ObservableGauge
 	HeldKeys           metric.Int64ObservableGauge
+	// SlotRetainedWAL and SlotLag are the bytes of WAL the replication slot of a store that
+	// reads the log keeps, and how far its confirmed position is behind (outboxdriver.SlotStats).
+	SlotRetainedWAL, SlotLag metric.Int64ObservableGauge
 	// Unavailable is how long the relay's broker or database (ComponentKey) has been
 	// unavailable, 0 while it is available.
 	Unavailable metric.Float64ObservableGauge
@@ -183,6 +186,12 @@ func NewInstruments(m metric.Meter) (*Instruments, error) {
 	keep(err)
 	i.HeldKeys, err = m.Int64ObservableGauge("txoutbox.outbox.held_keys", metric.WithUnit("{key}"),
 		metric.WithDescription("Keys whose later events wait behind a pending dead letter of the relay (replay or discard it to release the key)."))
+	keep(err)
+	i.SlotRetainedWAL, err = m.Int64ObservableGauge("txoutbox.relay.slot.retained_wal", metric.WithUnit("By"),
+		metric.WithDescription("WAL the replication slot of a relay that reads the log keeps on the server's disk (only such relays report it)."))
+	keep(err)
+	i.SlotLag, err = m.Int64ObservableGauge("txoutbox.relay.slot.lag", metric.WithUnit("By"),
+		metric.WithDescription("How far the replication slot's confirmed position is behind the server's WAL (only relays that read the log report it)."))
 	keep(err)
 	i.Unavailable, err = m.Float64ObservableGauge("txoutbox.relay.unavailable", metric.WithUnit("s"),
 		metric.WithDescription("How long the relay's broker or database (txoutbox.component) has been unavailable; 0 while available."))

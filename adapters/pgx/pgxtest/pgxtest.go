@@ -56,6 +56,7 @@ type Outbox struct {
 	*outboxpgx.Outbox
 	Pool   *pgxpool.Pool
 	Schema string // prefix_<random hex>
+	url    string
 }
 
 // New connects to URL(), creates and migrates the schema prefix_<random hex> (prefix must
@@ -64,15 +65,21 @@ type Outbox struct {
 // skip otherwise.
 func New(t testing.TB, prefix string) *Outbox {
 	t.Helper()
+	return NewOn(t, URL(), prefix)
+}
+
+// NewOn is New on the server at url (a [Server] of the test's own).
+func NewOn(t testing.TB, url, prefix string) *Outbox {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, URL())
+	pool, err := pgxpool.New(ctx, url)
 	if err == nil {
 		if err = pool.Ping(ctx); err != nil {
 			pool.Close()
 		}
 	}
-	outboxtest.RequireService(t, "PostgreSQL at "+outboxtest.Shown(URL()), err)
+	outboxtest.RequireService(t, "PostgreSQL at "+outboxtest.Shown(url), err)
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	schema := prefix + "_" + hex.EncodeToString(suffix)
@@ -92,7 +99,7 @@ func New(t testing.TB, prefix string) *Outbox {
 	if err := o.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	return &Outbox{Outbox: o, Pool: pool, Schema: schema}
+	return &Outbox{Outbox: o, Pool: pool, Schema: schema, url: url}
 }
 
 // Store returns the outbox's relay store, failing t on an error.
@@ -120,7 +127,7 @@ func (o *Outbox) DeadLetters(t testing.TB) deadletter.Table {
 // outboxpgx.Default) reach this outbox's tables.
 func (o *Outbox) SearchPathPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(URL())
+	cfg, err := pgxpool.ParseConfig(o.url)
 	if err != nil {
 		t.Fatal(err)
 	}

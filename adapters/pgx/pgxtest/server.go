@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,18 +22,26 @@ import (
 // of its own: unlike the shared server, the test may crash, stop and restart it.
 type Server struct {
 	bin, base, data, logfile string
+	settings                 []string // -c settings beyond Start's
 	port                     int
 	asPostgres               bool // running as root: initdb and pg_ctl run as the postgres user
 }
 
 // StartServer initialises and starts a server (the newest /usr/lib/postgresql/*/bin; as
-// root, run as the postgres user); t's cleanup crashes it (if still running) and removes
-// its directory, printing the server log if t failed. Without the server binaries it is
+// root, run as the postgres user) with settings ("name=value", given to postgres -c)
+// beyond its own; t's cleanup crashes it (if still running) and removes its directory,
+// printing the server log if t failed. Without the server binaries it is
 // outboxtest.RequireService's business: a failure when $CI is set, a skip otherwise.
-func StartServer(t testing.TB) *Server {
+func StartServer(t testing.TB, settings ...string) *Server {
 	t.Helper()
+	for _, set := range settings {
+		if !settingRe.MatchString(set) {
+			t.Fatalf("pgxtest: setting %q is not name=value", set)
+		}
+	}
 	s, err := newPrivatePostgres()
 	outboxtest.RequireService(t, "PostgreSQL server binaries (initdb)", err)
+	s.settings = settings
 	base, err := os.MkdirTemp("", "txoutbox-pg-") // under /tmp: traversable by the postgres user
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +82,13 @@ func StartServer(t testing.TB) *Server {
 	}
 	return s
 }
+
+// settingRe is what StartServer accepts as a setting: no spaces or quotes for pg_ctl -o.
+var settingRe = regexp.MustCompile(`^[a-z_.]+=[A-Za-z0-9_.:/-]+$`)
+
+// LogicalSettings are the settings of a server whose log is read by logical replication
+// (outboxpglog's tests): StartServer(t, LogicalSettings...).
+var LogicalSettings = []string{"wal_level=logical", "max_replication_slots=10", "max_wal_senders=10"}
 
 // newPrivatePostgres finds the server binaries (the newest major installed) and how to run
 // them.
@@ -127,6 +143,9 @@ func (s *Server) pgctl(args ...string) error {
 // when it crashed). fsync stays on: that is what makes a crash meaningful.
 func (s *Server) Start() error {
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=30 -c wal_writer_delay=10s", s.port, s.base)
+	for _, set := range s.settings {
+		opts += " -c " + set
+	}
 	return s.pgctl("-l", s.logfile, "-w", "-t", "60", "-o", opts, "start")
 }
 
