@@ -341,9 +341,13 @@ func (m *manyOutbox) producer(ctx context.Context, interval time.Duration, p *pa
 		}
 		p.mu.Lock()
 		if !p.paused {
-			if err := m.publish(ctx, 1, 4); err != nil && ctx.Err() == nil {
+			// Not cut by ctx: a commit that ctx ended mid-way may have committed unrecorded,
+			// and the outbox would hold an event nobody waits for (finish found such rows).
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			if err := m.publish(pctx, 1, 4); err != nil {
 				failures.Add(1)
 			}
+			cancel()
 		}
 		p.mu.Unlock()
 	}
