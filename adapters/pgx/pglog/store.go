@@ -174,10 +174,12 @@ type Store struct {
 	polls     int                      // polling claims running
 	switching bool                     // a switch to streaming is being decided
 	lastTry   time.Time
+	lastPoll  time.Time // the last polling claim began
 	cut       cut
 	held      map[string]bool // keys held by a dead letter when streaming began
 	heldRows  int64
-	deletes   []int64 // delivered streamed rows to delete
+	deletes   []int64             // delivered streamed rows to delete
+	missed    map[int64]time.Time // rows a delete did not find yet, since when (flushDeletes)
 	wakes     []func()
 	running   bool
 	changed   chan struct{} // a streamed claim was written back (for leaving)
@@ -228,7 +230,7 @@ func NewStore(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	h := fnv.New64a()
 	h.Write([]byte("txoutbox log relay " + c.Slot))
 	return &Store{poll: poll, pool: pool, names: n, cfg: c, log: c.Logger, lockID: int64(h.Sum64()),
-		claims: map[int64]*streamedClaim{}, busyKeys: map[string]int{}, changed: make(chan struct{}, 1)}, nil
+		claims: map[int64]*streamedClaim{}, busyKeys: map[string]int{}, missed: map[int64]time.Time{}, changed: make(chan struct{}, 1)}, nil
 }
 
 // Mode says what the store does now: "stream", "poll" or "standby" (see outboxdriver.SlotStats).
@@ -249,7 +251,7 @@ func (s *Store) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outbox
 			return nil, err
 		}
 		s.mu.Lock()
-		if s.mode == leaving && len(s.claims) == 0 {
+		if s.mode == leaving && len(s.claims) == 0 && len(s.deletes) == 0 {
 			s.setModeLocked(polling, "the streamed claims are written back")
 		}
 	}
@@ -262,6 +264,7 @@ func (s *Store) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outbox
 		return nil, nil
 	}
 	s.polls++
+	s.lastPoll = time.Now()
 	s.mu.Unlock()
 	claimed, err := s.poll.Claim(ctx, p)
 	s.mu.Lock()
@@ -591,7 +594,7 @@ func (s *Store) Sync(ctx context.Context) error {
 		done := !s.streamUp || s.mode != streaming || s.received >= end
 		s.mu.Unlock()
 		if done {
-			return s.flushDeletes(ctx)
+			return s.flushAll(ctx)
 		}
 		select {
 		case <-ctx.Done():

@@ -101,7 +101,7 @@ func (s *Store) lead(ctx context.Context) error {
 	s.mu.Unlock()
 	s.drainClaims(ctx)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	if ferr := s.flushDeletes(fctx); ferr != nil {
+	if ferr := s.flushAll(fctx); ferr != nil {
 		s.log.Warn("outbox relay: delivered rows left in the outbox (they will be sent again)", "slot", s.cfg.Slot, "err", ferr)
 	}
 	cancel()
@@ -181,7 +181,12 @@ func (s *Store) maintain(ctx context.Context, lockConn *pgx.Conn) error {
 		s.mu.Lock()
 		streamingNow := s.mode == streaming
 		s.mu.Unlock()
-		s.trySwitch(ctx, 100*time.Millisecond) // when no relay's claims try (an idle relay)
+		s.mu.Lock()
+		idle := time.Since(s.lastPoll) > time.Second
+		s.mu.Unlock()
+		if idle { // no relay claims, so none tries the switch (a claim that finds nothing does)
+			s.trySwitch(ctx, 100*time.Millisecond)
+		}
 		if streamingNow {
 			if err := sqlstore.MoveDue(ctx, s.poll); err != nil && ctx.Err() == nil {
 				s.log.Warn("outbox relay: moving scheduled events failed; retrying", "slot", s.cfg.Slot, "err", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -26,6 +27,11 @@ func (s *Store) exec(ctx context.Context, sql string, args ...any) error {
 // does not wait for the WAL flush: a delete lost in a crash re-sends its rows. One runs at a
 // time, so that a flush that returns has seen every earlier one commit: a poll that follows
 // it never claims a delivered row.
+//
+// The log can bring a commit a moment before other sessions see it (PostgreSQL makes a
+// transaction visible after its commit record is flushed, and the walsender may decode it in
+// between): a delete of such a row finds nothing. Rows a delete missed stay queued for the
+// next flush, for up to deleteGrace, instead of being left in the table to be sent again.
 func (s *Store) flushDeletes(ctx context.Context) error {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
@@ -36,15 +42,74 @@ func (s *Store) flushDeletes(ctx context.Context) error {
 	if len(seqs) == 0 {
 		return nil
 	}
-	err := s.exec(ctx, `WITH nosync AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
-DELETE FROM `+s.names.Outbox+` WHERE seq = ANY ($1) AND claim_token IS NULL AND EXISTS (SELECT FROM nosync)`, seqs)
-	if err != nil {
-		s.mu.Lock()
-		s.deletes = append(seqs, s.deletes...)
-		s.mu.Unlock()
+	rows, err := s.pool.Query(ctx, `WITH nosync AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
+DELETE FROM `+s.names.Outbox+` WHERE seq = ANY ($1) AND claim_token IS NULL AND EXISTS (SELECT FROM nosync)
+RETURNING seq`, seqs)
+	deleted := make(map[int64]bool, len(seqs))
+	if err == nil {
+		for rows.Next() {
+			var seq int64
+			if err = rows.Scan(&seq); err != nil {
+				break
+			}
+			deleted[seq] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
 	}
-	return err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.deletes = append(seqs, s.deletes...)
+		return sqlstore.Classify(err, s.names)
+	}
+	now := time.Now()
+	var again []int64
+	for _, seq := range seqs {
+		if deleted[seq] {
+			delete(s.missed, seq)
+			continue
+		}
+		first, ok := s.missed[seq]
+		switch {
+		case !ok:
+			s.missed[seq] = now
+			again = append(again, seq)
+		case now.Sub(first) < deleteGrace:
+			again = append(again, seq)
+		default: // gone meanwhile (replayed, discarded, deleted by hand): nothing to delete
+			delete(s.missed, seq)
+		}
+	}
+	s.deletes = append(again, s.deletes...)
+	return nil
 }
+
+// flushAll flushes until no delivered row waits to be deleted, or ctx ends.
+func (s *Store) flushAll(ctx context.Context) error {
+	for {
+		if err := s.flushDeletes(ctx); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		n := len(s.deletes)
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// deleteGrace is how long a delivered row that a delete did not find is looked for again:
+// far longer than a commit takes to become visible.
+const deleteGrace = 2 * time.Second
 
 // tableState is what the switch to streaming reads of the table.
 type tableState struct {
