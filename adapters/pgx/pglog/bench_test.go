@@ -4,7 +4,10 @@ package outboxpglog_test
 // run, the same relay.Config (defaults), the same producers and the same transport (one that
 // records when each event reached it). Each sub-benchmark ignores b.N:
 //
-//	flock /work/wt/bench.lock go test -run '^$' -bench LogRelay -benchtime 1x -timeout 3h ./pglog
+//	flock /work/wt/bench.lock go test -run '^$' -bench LogRelay -benchtime 1x -timeout 3h -v ./pglog
+//
+// (-v: without it, go test keeps only the first 10 lines each logs: the relays' logs and
+// the duplicates are there.)
 //
 //   - rate=1k: events committed one per transaction at 1,000/s for $TXOUTBOX_BENCH_RATE_FOR
 //     (default 20s) per relay after a 3s warm-up: database CPU per event of the relay's
@@ -483,6 +486,8 @@ func (r rateRun) report(b *testing.B) {
 	b.ReportMetric(r.ms(1), r.mode+"_max_ms")
 	b.ReportMetric(r.relayCPU, r.mode+"_relay_db_µs/event")
 	b.ReportMetric(r.producerCPU, r.mode+"_producer_db_µs/event")
+	b.ReportMetric(float64(r.modeChanges), r.mode+"_mode_changes")
+	b.ReportMetric(float64(r.dups), r.mode+"_duplicates")
 	b.Logf("%s: %d events at %.0f/s (%d began >10ms late), p50 %.3f ms, p99 %.3f ms, max %.3f ms; relay's backends %.1f µs/event, producers' %.1f µs/event; %d mode changes; %d duplicates",
 		r.mode, r.events, r.perSecond, r.late, r.ms(0.5), r.ms(0.99), r.ms(1), r.relayCPU, r.producerCPU, r.modeChanges, r.dups)
 }
@@ -568,6 +573,7 @@ func benchDrain(b *testing.B, srv *pgxtest.Server, n int) {
 	for _, r := range []drainRun{poll, log, fresh} {
 		b.ReportMetric(r.rate, r.mode+"_events/s")
 		b.ReportMetric(r.relayCPU, r.mode+"_relay_db_µs/event")
+		b.ReportMetric(float64(r.modeChanges), r.mode+"_mode_changes")
 		b.Logf("%s: %d events committed in %v; all sent after %v, table empty after %v: %.0f events/s; relay's backends %.1f µs/event; %d mode changes; streaming %v after the table was empty",
 			r.mode, r.events, r.fill.Round(time.Millisecond), r.sentAt.Round(time.Millisecond), r.emptAt.Round(time.Millisecond),
 			r.rate, r.relayCPU, r.modeChanges, r.toStream.Round(time.Millisecond))
@@ -648,6 +654,8 @@ type outageRun struct {
 func (r outageRun) report(b *testing.B) {
 	b.ReportMetric(float64(r.backlog), r.mode+"_backlog_events")
 	b.ReportMetric(r.drain.Seconds(), r.mode+"_drain_s")
+	b.ReportMetric(float64(r.modeChanges), r.mode+"_mode_changes")
+	b.ReportMetric(float64(r.dups), r.mode+"_duplicates")
 	b.ReportMetric(float64(r.walWritten)/(1<<20), r.mode+"_wal_written_MiB")
 	if r.mode == "log" {
 		b.ReportMetric(float64(r.maxRetained)/(1<<10), "log_max_retained_wal_KiB")
