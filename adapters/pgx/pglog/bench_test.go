@@ -351,6 +351,16 @@ func (s *sink) Send(_ context.Context, msgs []outbox.Message) error {
 // KeepsKeyOrder reports true ([outbox.KeyOrderer]): the relay sends a whole batch per call.
 func (*sink) KeepsKeyOrder() bool { return true }
 
+// duplicates logs the first duplicates s received and returns how many it received.
+func (s *sink) duplicates(b *testing.B, mode string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.dupNotes {
+		b.Logf("%s: duplicate %s", mode, n)
+	}
+	return s.dups.Load()
+}
+
 // await returns a channel closed once every event in ids has arrived.
 func (s *sink) await(ids []uuid.UUID) <-chan struct{} {
 	s.mu.Lock()
@@ -492,17 +502,26 @@ func (r rateRun) report(b *testing.B) {
 		r.mode, r.events, r.perSecond, r.late, r.ms(0.5), r.ms(0.99), r.ms(1), r.relayCPU, r.producerCPU, r.modeChanges, r.dups)
 }
 
+// running starts a relay of mode, streaming if it is the log relay, on an outbox of its own
+// with producers and a recording transport; done stops the relay and drops the outbox.
+func running(b *testing.B, srv *pgxtest.Server, mode string) (u *underTest, p *producers, s *sink, done func()) {
+	u = newUnderTest(b, srv, mode)
+	p = newProducers(b, srv, u.o)
+	s = newSink(true)
+	stop := u.start(b, s, true)
+	return u, p, s, func() {
+		stop()
+		p.pool.Close()
+		u.drop(b)
+	}
+}
+
 // measureRate runs one relay while producers commit at 1,000 events/s: 3s of warm-up, then d
 // measured.
 func measureRate(b *testing.B, srv *pgxtest.Server, mode string, d time.Duration) rateRun {
 	ctx := context.Background()
-	u := newUnderTest(b, srv, mode)
-	defer u.drop(b)
-	p := newProducers(b, srv, u.o)
-	defer p.pool.Close()
-	s := newSink(true)
-	stop := u.start(b, s, true)
-	defer stop()
+	u, p, s, done := running(b, srv, mode)
+	defer done()
 	p.run(ctx, b, 1000, 3*time.Second)
 	waitArrived(b, s, p.committed(), 30*time.Second)
 	p.reset()
@@ -519,12 +538,7 @@ func measureRate(b *testing.B, srv *pgxtest.Server, mode string, d time.Duration
 	r := rateRun{mode: mode, events: n, perSecond: float64(n) / committedFor.Seconds(), late: p.late.Load(),
 		relayCPU: perEvent(relay0, relay1, n), producerCPU: perEvent(prod0, prod1, n)}
 	r.modeChanges = u.logSince(b, "during the measurement", logsAt)
-	r.dups = s.dups.Load()
-	s.mu.Lock()
-	for _, n := range s.dupNotes {
-		b.Logf("%s: duplicate %s", mode, n)
-	}
-	s.mu.Unlock()
+	r.dups = s.duplicates(b, mode)
 	s.mu.Lock()
 	for _, id := range p.ids {
 		r.lat = append(r.lat, max(0, s.at[id].Sub(p.at[id])))
@@ -675,13 +689,8 @@ func (r outageRun) report(b *testing.B) {
 func measureOutage(b *testing.B, srv *pgxtest.Server, mode string, d time.Duration) outageRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	u := newUnderTest(b, srv, mode)
-	defer u.drop(b)
-	p := newProducers(b, srv, u.o)
-	defer p.pool.Close()
-	s := newSink(true)
-	stop := u.start(b, s, true)
-	defer stop()
+	u, p, s, done := running(b, srv, mode)
+	defer done()
 	var wg sync.WaitGroup
 	wg.Go(func() { p.run(ctx, b, 1000, 24*time.Hour) })
 	defer wg.Wait()
@@ -742,12 +751,7 @@ func measureOutage(b *testing.B, srv *pgxtest.Server, mode string, d time.Durati
 		r.toStream = time.Since(back) + u.waitMode(b, "stream", 10*time.Minute)
 	}
 	r.modeChanges = u.logSince(b, "during the outage and after", logsAt)
-	r.dups = s.dups.Load()
-	s.mu.Lock()
-	for _, n := range s.dupNotes {
-		b.Logf("%s: duplicate %s", mode, n)
-	}
-	s.mu.Unlock()
+	r.dups = s.duplicates(b, mode)
 	return r
 }
 
