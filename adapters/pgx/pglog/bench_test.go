@@ -658,7 +658,8 @@ type outageRun struct {
 	outage                    time.Duration
 	committed                 int   // during the outage
 	backlog                   int64 // rows in the table when the broker returned
-	maxRetained, lastRetained int64 // bytes (log relay)
+	maxRetained, lastRetained int64 // bytes (log relay), during the outage
+	maxRetainedAfter          int64 // bytes, while the relay delivers the backlog
 	walWritten                int64 // bytes of WAL the server wrote during the outage
 	drain, toStream           time.Duration
 	modeChanges               int
@@ -673,10 +674,11 @@ func (r outageRun) report(b *testing.B) {
 	b.ReportMetric(float64(r.walWritten)/(1<<20), r.mode+"_wal_written_MiB")
 	if r.mode == "log" {
 		b.ReportMetric(float64(r.maxRetained)/(1<<10), "log_max_retained_wal_KiB")
+		b.ReportMetric(float64(r.maxRetainedAfter)/(1<<10), "log_max_retained_wal_after_KiB")
 	}
 	retained := "no slot: polling retains no WAL"
 	if r.mode == "log" {
-		retained = fmt.Sprintf("the slot retained at most %d bytes of WAL (%d at the end)", r.maxRetained, r.lastRetained)
+		retained = fmt.Sprintf("the slot retained at most %d bytes of WAL (%d at the end), %d while the relay delivered the backlog", r.maxRetained, r.lastRetained, r.maxRetainedAfter)
 	}
 	b.Logf("%s: broker down %v, %d events committed meanwhile, %.1f MiB of WAL written; %s; %d rows in the table when it returned, delivered %v later (streaming again after %v); %d mode changes; %d duplicates",
 		r.mode, r.outage, r.committed, float64(r.walWritten)/(1<<20), retained, r.backlog, r.drain.Round(time.Millisecond), r.toStream.Round(time.Millisecond), r.modeChanges, r.dups)
@@ -707,7 +709,7 @@ func measureOutage(b *testing.B, srv *pgxtest.Server, mode string, d time.Durati
 		}
 		return lsn
 	}
-	sample := func() {
+	sample := func(after bool) {
 		if u.logStore == nil {
 			return
 		}
@@ -716,13 +718,17 @@ func measureOutage(b *testing.B, srv *pgxtest.Server, mode string, d time.Durati
 			b.Error(err)
 			return
 		}
-		r.maxRetained, r.lastRetained = max(r.maxRetained, st.RetainedWAL), st.RetainedWAL
+		if after {
+			r.maxRetainedAfter = max(r.maxRetainedAfter, st.RetainedWAL)
+		} else {
+			r.maxRetained, r.lastRetained = max(r.maxRetained, st.RetainedWAL), st.RetainedWAL
+		}
 	}
 	wal0, before := walAt(), len(p.committed())
 	s.down.Store(true)
 	start := time.Now()
 	for tick := time.NewTicker(time.Second); time.Since(start) < d; <-tick.C {
-		sample()
+		sample(false)
 		if i := int(time.Since(start) / time.Second); i%60 == 0 {
 			b.Logf("%s outage %v: %d rows in the table, retained WAL %d bytes, mode %s",
 				mode, time.Since(start).Round(time.Second), u.count(b), r.lastRetained, u.modeOf())
@@ -735,7 +741,7 @@ func measureOutage(b *testing.B, srv *pgxtest.Server, mode string, d time.Durati
 	back := time.Now()
 	arrived := s.await(ids)
 	for tick := time.NewTicker(time.Second); ; <-tick.C {
-		sample()
+		sample(true)
 		select {
 		case <-arrived:
 		default:
