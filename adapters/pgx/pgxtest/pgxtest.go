@@ -196,7 +196,16 @@ func (o *Outbox) Count(t testing.TB, table string) int {
 // costs from what other sessions on the server do.
 func TaggedPool(t testing.TB, maxConns int) (pool *pgxpool.Pool, backends func() []int) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(URL())
+	return TaggedPoolOn(t, URL(), maxConns)
+}
+
+// TaggedPoolOn is TaggedPool on the server at url (a [Server] of the test's own). Every
+// connection made from the pool's config carries the tag, those a store opens beside the
+// pool too (outboxpglog's lock and replication connections: its walsender is among the
+// backends).
+func TaggedPoolOn(t testing.TB, url string, maxConns int) (pool *pgxpool.Pool, backends func() []int) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
