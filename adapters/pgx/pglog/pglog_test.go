@@ -96,11 +96,11 @@ func newLogOutboxStopped(t *testing.T, srv *pgxtest.Server) *logOutbox {
 // slot is the name of the outbox's slot (the default).
 func (o *logOutbox) slot() string { return "txoutbox_" + o.Schema + "_outbox" }
 
-// running is a relay that runs until stop.
-type running struct{ stop func() }
+// runningRelay is a relay that runs until stop.
+type runningRelay struct{ stop func() }
 
 // runRelay runs a relay over o's store into sender until the returned stop (or t's end).
-func (o *logOutbox) runRelay(t *testing.T, sender outbox.Sender) running {
+func (o *logOutbox) runRelay(t *testing.T, sender outbox.Sender) runningRelay {
 	t.Helper()
 	r, err := relay.New(o.store, sender, &relay.Config{Lease: 2 * time.Second, MaxPollInterval: 20 * time.Millisecond})
 	if err != nil {
@@ -119,7 +119,7 @@ func (o *logOutbox) runRelay(t *testing.T, sender outbox.Sender) running {
 		})
 	}
 	t.Cleanup(stop)
-	return running{stop}
+	return runningRelay{stop}
 }
 
 // publish commits n events, one per transaction, and returns their IDs.

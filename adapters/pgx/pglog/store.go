@@ -125,6 +125,14 @@ const (
 	leaving
 )
 
+// detail names the mode for the logs, leaving (streaming → polling) apart.
+func (m mode) detail() string {
+	if m == leaving {
+		return "leaving-stream"
+	}
+	return m.String()
+}
+
 func (m mode) String() string {
 	switch m {
 	case polling, leaving:
@@ -485,7 +493,7 @@ func (s *Store) setModeLocked(m mode, why string) {
 	if m == leaving {
 		s.cut, s.held = cut{}, nil
 	}
-	s.log.Info("outbox relay: log reader changes mode", "slot", s.cfg.Slot, "from", s.mode.String(), "to", m.String(), "reason", why)
+	s.log.Info("outbox relay: log reader changes mode", "slot", s.cfg.Slot, "from", s.mode.detail(), "to", m.detail(), "reason", why)
 	s.mode = m
 	if m == streaming {
 		s.wakeLocked()
