@@ -81,7 +81,17 @@ func CreatePublication(ctx context.Context, q Querier, n *Names, pub string) err
 	if err != nil || exists {
 		return err
 	}
-	err = q.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+n.Outbox+" WITH (publish = 'insert')")
+	// PostgreSQL 15+ publishes only the columns a message is made of: the walsender then
+	// formats 8 columns of each insert instead of 15.
+	var version int
+	if _, err := scanRow(ctx, q, []any{&version}, "SELECT current_setting('server_version_num')::int"); err != nil {
+		return err
+	}
+	columns := ""
+	if version >= 150000 {
+		columns = " (seq, id, type, key, headers, content_type, body, created_at)"
+	}
+	err = q.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+n.Outbox+columns+" WITH (publish = 'insert')")
 	if isDuplicateObject(err) { // created meanwhile
 		return nil
 	}

@@ -126,6 +126,9 @@ func newUnderTest(b *testing.B, srv *pgxtest.Server, mode string) *underTest {
 	case "log":
 		// Default config but for the logger, and the slot's name spelled out for ReadSlot.
 		u.cfg = &outboxpglog.Config{Tables: outbox.Tables{Schema: u.o.Schema}, Slot: u.o.Schema + "_slot", Logger: u.logs.logger()}
+		if d, err := time.ParseDuration(os.Getenv("TXOUTBOX_BENCH_DELETE_INTERVAL")); err == nil {
+			u.cfg.DeleteInterval = d // default 10ms
+		}
 		if err := outboxpglog.CreatePublication(ctx, u.o.Pool, u.cfg); err != nil {
 			b.Fatal(err)
 		}
@@ -181,6 +184,17 @@ func (u *underTest) waitMode(b *testing.B, m string, limit time.Duration) time.D
 
 // cpu returns the CPU time (clock ticks) of the relay's backends so far, or -1.
 func (u *underTest) cpu() int64 { return benchtest.PIDs("relay", u.backends).Read() }
+
+// walsenders returns the PIDs of the relay's walsenders (none for polling).
+func (u *underTest) walsenders() []int {
+	var pids []int
+	err := u.o.Pool.QueryRow(context.Background(), `SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
+ WHERE pid = ANY ($1) AND backend_type = 'walsender'`, u.backends()).Scan(&pids)
+	if err != nil {
+		return nil
+	}
+	return pids
+}
 
 // backendKinds names the relay's backends by type ("client backend", "walsender").
 func (u *underTest) backendKinds() string {
@@ -481,6 +495,7 @@ type rateRun struct {
 	late                  int64
 	lat                   []time.Duration // sorted
 	relayCPU, producerCPU float64         // µs per event
+	walsenderCPU          float64         // µs per event, of relayCPU: the log relay's walsender
 	modeChanges           int
 	dups                  int64 // events the transport received twice
 }
@@ -496,6 +511,9 @@ func (r rateRun) report(b *testing.B) {
 	b.ReportMetric(r.ms(1), r.mode+"_max_ms")
 	b.ReportMetric(r.relayCPU, r.mode+"_relay_db_µs/event")
 	b.ReportMetric(r.producerCPU, r.mode+"_producer_db_µs/event")
+	if r.mode == "log" {
+		b.ReportMetric(r.walsenderCPU, "log_walsender_db_µs/event")
+	}
 	b.ReportMetric(float64(r.modeChanges), r.mode+"_mode_changes")
 	b.ReportMetric(float64(r.dups), r.mode+"_duplicates")
 	b.Logf("%s: %d events at %.0f/s (%d began >10ms late), p50 %.3f ms, p99 %.3f ms, max %.3f ms; relay's backends %.1f µs/event, producers' %.1f µs/event; %d mode changes; %d duplicates",
@@ -526,17 +544,18 @@ func measureRate(b *testing.B, srv *pgxtest.Server, mode string, d time.Duration
 	waitArrived(b, s, p.committed(), 30*time.Second)
 	p.reset()
 	logsAt := u.logs.len()
-	relay0, prod0 := u.cpu(), benchtest.PIDs("producer", p.backends).Read()
+	wal := benchtest.PIDs("walsender", u.walsenders)
+	relay0, prod0, wal0 := u.cpu(), benchtest.PIDs("producer", p.backends).Read(), wal.Read()
 	start := time.Now()
 	n := p.run(ctx, b, 1000, d)
 	committedFor := time.Since(start)
 	waitArrived(b, s, p.committed(), 30*time.Second)
-	relay1, prod1 := u.cpu(), benchtest.PIDs("producer", p.backends).Read()
+	relay1, prod1, wal1 := u.cpu(), benchtest.PIDs("producer", p.backends).Read(), wal.Read()
 	b.Logf("%s relay's backends at the end: %s", mode, u.backendKinds())
 	time.Sleep(1100 * time.Millisecond)
 	b.Logf("%s: %d rows delivered more than 1s ago are still in the table", mode, u.undeleted(b, s))
 	r := rateRun{mode: mode, events: n, perSecond: float64(n) / committedFor.Seconds(), late: p.late.Load(),
-		relayCPU: perEvent(relay0, relay1, n), producerCPU: perEvent(prod0, prod1, n)}
+		relayCPU: perEvent(relay0, relay1, n), producerCPU: perEvent(prod0, prod1, n), walsenderCPU: perEvent(wal0, wal1, n)}
 	r.modeChanges = u.logSince(b, "during the measurement", logsAt)
 	r.dups = s.duplicates(b, mode)
 	s.mu.Lock()

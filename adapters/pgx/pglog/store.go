@@ -58,7 +58,9 @@ type Config struct {
 	// over. Default 1s.
 	StandbyRetry time.Duration
 	// DeleteInterval is how long delivered rows wait before they are deleted together, in
-	// one statement. Default 10ms.
+	// one statement. Default 100ms: at 1k events/s, 10 statements a second instead of 100
+	// (measured: the relay's own backends 11 µs/event instead of 71). A crash re-sends what
+	// was delivered in the last DeleteInterval.
 	DeleteInterval time.Duration
 	// MaxBuffered bounds the streamed events the store holds in memory: past it (a broker
 	// that is slow or down), it leaves them in the table and polls. Default 10000.
@@ -87,7 +89,7 @@ func (c *Config) withDefaults() (Config, *sqlstore.Names, error) {
 	config.Default(&out.Slot, def)
 	config.Default(&out.Publication, def)
 	config.Default(&out.StandbyRetry, time.Second)
-	config.Default(&out.DeleteInterval, 10*time.Millisecond)
+	config.Default(&out.DeleteInterval, 100*time.Millisecond)
 	config.Default(&out.MaxBuffered, 10000)
 	config.Default(&out.SweepInterval, time.Second)
 	config.Default(&out.StaleAfter, 10*time.Second)
