@@ -54,7 +54,7 @@ func claimWindow(limit int) int { return 2 * limit }
 // planDeep finds beyond it. The rows found in the window have wave 0.
 func (s *leaseStore) planClaim(ctx context.Context, q Querier, limit, width int) ([]claimCandidate, error) {
 	window, err := s.claimRows(ctx, q, `SELECT seq, `+s.sql.key+`, `+s.free("")+` FROM `+s.n.Outbox+
-		` ORDER BY seq LIMIT ?`, width)
+		` ORDER BY seq LIMIT `+strconv.Itoa(width))
 	if err != nil {
 		return nil, err
 	}
@@ -214,10 +214,9 @@ func (s *leaseStore) onlyKeyless(ctx context.Context, q Querier) (bool, error) {
 	return !rows.Next(), rows.Err()
 }
 
-// oldestKeyless is the condition that picks the oldest free keyless rows, up to the limit
-// given as its one argument.
-func (s *leaseStore) oldestKeyless() string {
-	return s.sql.key + " = '' AND " + s.free("") + " ORDER BY seq LIMIT ?"
+// oldestKeyless is the condition that picks the oldest free keyless rows, up to limit.
+func (s *leaseStore) oldestKeyless(limit int) string {
+	return s.sql.key + " = '' AND " + s.free("") + " ORDER BY seq LIMIT " + strconv.Itoa(limit)
 }
 
 // free is the dialect's "row is due and not leased" expression over the columns of alias

@@ -49,14 +49,13 @@ func (s *sqliteStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]
 	}
 	var (
 		plan  []claimCandidate
-		which = "seq IN (SELECT seq FROM " + s.n.Outbox + " WHERE " + s.oldestKeyless() + ")"
-		args  = []any{p.Limit}
+		which = "seq IN (SELECT seq FROM " + s.n.Outbox + " WHERE " + s.oldestKeyless(p.Limit) + ")"
 	)
 	if !onlyKeyless {
 		if plan, err = s.planClaim(ctx, s.db, p.Limit, claimWindow(p.Limit)); err != nil || len(plan) == 0 {
 			return nil, err
 		}
-		which, args = inSeqs(candidateSeqs(plan)), nil
+		which = inSeqs(candidateSeqs(plan))
 	}
 	rows, err := s.db.Query(ctx, `UPDATE `+s.n.Outbox+`
    SET claim_token = ?, lease_owner = ?,
@@ -64,7 +63,7 @@ func (s *sqliteStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]
        attempts = attempts + 1
  WHERE `+which+` AND `+s.free("")+`
 RETURNING seq, id, type, "key", `+s.sql.headers+`, content_type, body, created_at, attempts, first_failed_at`,
-		append([]any{p.Token, p.Owner, fmt.Sprintf("%+.3f seconds", p.Lease.Seconds())}, args...)...)
+		p.Token, p.Owner, fmt.Sprintf("%+.3f seconds", p.Lease.Seconds()))
 	if err != nil {
 		return nil, err
 	}
