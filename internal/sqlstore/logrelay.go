@@ -77,7 +77,7 @@ func CreatePublication(ctx context.Context, q Querier, n *Names, pub string) err
 	if err := CheckLogName("publication", pub); err != nil {
 		return err
 	}
-	exists, err := scanRow(ctx, q, nil, "SELECT FROM pg_publication WHERE pubname = $1", pub)
+	exists, err := PublicationExists(ctx, q, pub)
 	if err != nil || exists {
 		return err
 	}
@@ -99,6 +99,11 @@ func CreatePublication(ctx context.Context, q Querier, n *Names, pub string) err
 		return fmt.Errorf("creating publication %s: %w", pub, Classify(err, n))
 	}
 	return nil
+}
+
+// PublicationExists reports whether the publication pub exists.
+func PublicationExists(ctx context.Context, q Querier, pub string) (bool, error) {
+	return scanRow(ctx, q, nil, "SELECT FROM pg_publication WHERE pubname = $1", pub)
 }
 
 // DropLog drops the slot and the publication, if they exist. A slot that a relay reads

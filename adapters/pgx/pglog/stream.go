@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/txoutbox/outbox"
+	"github.com/txoutbox/outbox/adapters/pgx/internal/pgxdb"
 	"github.com/txoutbox/outbox/internal/sqlstore"
 	"github.com/txoutbox/outbox/outboxdriver"
 )
@@ -133,8 +134,7 @@ func (s *Store) awaitSlotInactive(ctx context.Context) {
 // checkPublication fails with an error wrapping outbox.ErrSchema when the publication is
 // missing.
 func (s *Store) checkPublication(ctx context.Context) error {
-	var exists bool
-	err := s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)", s.cfg.Publication).Scan(&exists)
+	exists, err := sqlstore.PublicationExists(ctx, pgxdb.Querier{Q: s.pool}, s.cfg.Publication)
 	switch {
 	case err != nil:
 		return err
@@ -180,8 +180,6 @@ func (s *Store) maintain(ctx context.Context, lockConn *pgx.Conn) error {
 		s.expire(ctx)
 		s.mu.Lock()
 		streamingNow := s.mode == streaming
-		s.mu.Unlock()
-		s.mu.Lock()
 		idle := time.Since(s.lastPoll) > time.Second
 		s.mu.Unlock()
 		if idle { // no relay claims, so none tries the switch (a claim that finds nothing does)

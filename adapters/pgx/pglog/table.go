@@ -195,11 +195,14 @@ SELECT pg_current_snapshot()::text, pg_current_wal_lsn()::text, r.seq, r.key, r.
 func (s *Store) sweep(ctx context.Context) (string, error) {
 	// The unread CTE names every column the polls use: a table of another version fails
 	// the sweep (outbox.ErrSchema) and the store polls, which report it.
+	// One row even when nothing is stale (the left join), so the held rows' count needs no
+	// statement of its own.
 	rows, err := s.pool.Query(ctx, `WITH shape AS (SELECT seq, id, type, key, headers, content_type, body, created_at,
-       available_at, attempts, claim_token, lease_owner, lease_until, first_failed_at, last_error FROM `+s.names.Outbox+` WHERE false)
-SELECT seq, key, (SELECT count(*) FROM `+s.names.Outbox+` WHERE available_at = 'infinity')
-  FROM `+s.names.Outbox+` WHERE available_at < now() - $1 * interval '1 millisecond' AND available_at <> 'infinity'
- ORDER BY seq LIMIT 100`, s.cfg.StaleAfter.Milliseconds())
+       available_at, attempts, claim_token, lease_owner, lease_until, first_failed_at, last_error FROM `+s.names.Outbox+` WHERE false),
+stale AS (SELECT seq, key FROM `+s.names.Outbox+` WHERE available_at < now() - $1 * interval '1 millisecond' AND available_at <> 'infinity'
+ ORDER BY seq LIMIT 100)
+SELECT (SELECT count(*) FROM `+s.names.Outbox+` WHERE available_at = 'infinity'), stale.seq, stale.key
+  FROM (SELECT) AS one LEFT JOIN stale ON true`, s.cfg.StaleAfter.Milliseconds())
 	if err != nil {
 		return "", sqlstore.Classify(err, s.names)
 	}
@@ -207,23 +210,23 @@ SELECT seq, key, (SELECT count(*) FROM `+s.names.Outbox+` WHERE available_at = '
 		seq int64
 		key string
 	}
-	var stale []r
-	held := int64(-1)
+	var (
+		stale []r
+		held  int64
+		seq   *int64
+		key   *string
+	)
 	for rows.Next() {
-		var x r
-		if err := rows.Scan(&x.seq, &x.key, &held); err != nil {
+		if err := rows.Scan(&held, &seq, &key); err != nil {
 			rows.Close()
 			return "", err
 		}
-		stale = append(stale, x)
+		if seq != nil {
+			stale = append(stale, r{*seq, *key})
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return "", err
-	}
-	if held < 0 { // no stale row: count the held ones alone
-		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.names.Outbox+` WHERE available_at = 'infinity'`).Scan(&held); err != nil {
-			return "", err
-		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
