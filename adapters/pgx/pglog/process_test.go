@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -303,4 +305,67 @@ func TestLostSlotFallsBackToPolling(t *testing.T) {
 type outboxdriverSlot struct {
 	exists, active bool
 	walStatus      string
+}
+
+// TestFarBehindSlotIsCreatedAgain starts a relay on a slot 4 MB behind, with a backlog of
+// 1,000 events: it polls the backlog with the stream closed, creates the slot again at the
+// server's position instead of decoding the WAL, and streams.
+func TestFarBehindSlotIsCreatedAgain(t *testing.T) {
+	outboxtest.SkipIfShort(t, "starts a server")
+	srv := startServer(t)
+	o := newLogOutboxStopped(t, srv)
+	ctx := context.Background()
+	var logs logLines
+	cfg := *o.cfg
+	cfg.MaxSlotLag = 1 << 20
+	cfg.MaxBuffered = 200
+	cfg.Logger = logs.logger()
+	store, err := outboxpglog.NewStore(o.Pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.store = store
+	lag := func() int64 {
+		st, err := outboxpglog.ReadSlot(ctx, o.Pool, o.slot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Lag
+	}
+
+	// A first run creates the slot; the relay stops while events and 4 MB of other WAL
+	// are written.
+	q := newRecorder()
+	run := o.runRelay(t, q)
+	waitMode(t, o.store, "stream")
+	run.stop()
+	published := o.publish(t, 1000)
+	for _, sql := range []string{
+		"CREATE TABLE " + o.Schema + ".junk (b text)",
+		"INSERT INTO " + o.Schema + ".junk SELECT repeat('x', 1000) FROM generate_series(1, 4000)",
+	} {
+		if _, err := o.Pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := lag(); l <= cfg.MaxSlotLag {
+		t.Fatalf("the slot is %d bytes behind, want more than %d", l, cfg.MaxSlotLag)
+	}
+
+	// The next run skips that WAL: a new slot, the events read from the table.
+	run = o.runRelay(t, q)
+	defer run.stop()
+	outboxtest.WaitFor(t, 30*time.Second, "the events published while the relay was stopped", func() bool { return q.has(published) })
+	waitMode(t, o.store, "stream")
+	if l := lag(); l > cfg.MaxSlotLag {
+		t.Errorf("the slot is still %d bytes behind", l)
+	}
+	shown, _, _ := logs.since(0)
+	for _, want := range []string{"closes the stream and drops its slot while it polls a backlog", "creating it again"} {
+		if !slices.ContainsFunc(shown, func(l string) bool { return strings.Contains(l, want) }) {
+			t.Errorf("no log says %q; logs:\n%s", want, strings.Join(shown, "\n"))
+		}
+	}
+	more := o.publish(t, 50)
+	outboxtest.WaitFor(t, 30*time.Second, "the events published once it streams", func() bool { return q.has(more) })
 }

@@ -69,6 +69,13 @@ type Config struct {
 	// will not bring (a dead letter replayed or discarded, a row that waited StaleAfter),
 	// one indexed statement each. Defaults 1s and 10s.
 	SweepInterval, StaleAfter time.Duration
+	// MaxSlotLag is how far (bytes of WAL) the slot may be behind the server when the store
+	// starts reading it. A slot further behind — a relay stopped while producers went on —
+	// is dropped and created again at the server's position instead of decoded: the table
+	// holds every undelivered event, and reading it is cheaper than decoding its WAL
+	// (measured: a 100k-event backlog, 36 MB of WAL, drained at 0.63 of polling's rate
+	// through the old slot, 1.09 through a new one). Default 16 MiB; negative: never.
+	MaxSlotLag int64
 	// Logger receives the store's logs (mode changes, a lost slot, a take-over). Default
 	// slog.Default().
 	Logger *slog.Logger
@@ -93,6 +100,7 @@ func (c *Config) withDefaults() (Config, *sqlstore.Names, error) {
 	config.Default(&out.MaxBuffered, 10000)
 	config.Default(&out.SweepInterval, time.Second)
 	config.Default(&out.StaleAfter, 10*time.Second)
+	config.Default(&out.MaxSlotLag, 16<<20)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -185,6 +193,9 @@ type Store struct {
 	switching bool                     // a switch to streaming is being decided
 	lastTry   time.Time
 	lastPoll  time.Time // the last polling claim began
+	backlog   int       // rows claimed by the polls since one last came back short
+	paused    bool      // the stream is closed while the polls drain a backlog
+	endStream func()    // closes the running stream (nil when none runs)
 	cut       cut
 	held      map[string]bool // keys held by a dead letter when streaming began
 	heldRows  int64
@@ -279,11 +290,34 @@ func (s *Store) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outbox
 	claimed, err := s.poll.Claim(ctx, p)
 	s.mu.Lock()
 	s.polls--
+	if err == nil {
+		s.noteBacklogLocked(len(claimed), p.Limit)
+	}
 	s.mu.Unlock()
 	if err == nil && len(claimed) == 0 {
 		s.trySwitch(ctx, 10*time.Millisecond)
 	}
 	return claimed, err
+}
+
+// noteBacklogLocked counts a poll's rows toward a backlog (polls that come back full) and
+// closes the stream once the backlog passes MaxBuffered rows: the walsender would decode
+// every row the drain leases and deletes, on the cores the drain needs, for nothing
+// (measured: a 1M backlog drained at 0.77–0.80 of polling's rate, 580 MiB of WAL). The
+// stream loop drops the slot, so it keeps no WAL meanwhile, and opens the stream on a new
+// one when a poll comes back short.
+func (s *Store) noteBacklogLocked(n, limit int) {
+	if n < limit {
+		s.backlog = 0
+		s.paused = false
+		return
+	}
+	s.backlog += n
+	if s.backlog > s.cfg.MaxBuffered && !s.paused && s.endStream != nil {
+		s.paused = true
+		s.log.Info("outbox relay: the log reader closes the stream and drops its slot while it polls a backlog", "slot", s.cfg.Slot, "rows", s.backlog)
+		s.endStream()
+	}
 }
 
 // takeLocked takes up to p.Limit streamed rows in commit order, skipping the keys that

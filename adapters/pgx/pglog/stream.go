@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -111,6 +112,7 @@ func (s *Store) lead(ctx context.Context) error {
 	s.awaitSlotInactive(context.WithoutCancel(ctx))
 	s.mu.Lock()
 	s.window, s.cut = nil, cut{}
+	s.backlog, s.paused = 0, false
 	s.mu.Unlock()
 	return err
 }
@@ -218,23 +220,48 @@ func (s *Store) maintain(ctx context.Context, lockConn *pgx.Conn) error {
 }
 
 // streamLoop reads the slot until ctx ends, reconnecting after StandbyRetry when the
-// stream breaks (the store polls meanwhile). leadCtx ending stops reconnecting.
+// stream breaks (the store polls meanwhile), and at once after the polls drained a backlog
+// (noteBacklogLocked). leadCtx ending stops reconnecting.
 func (s *Store) streamLoop(ctx, leadCtx context.Context) {
 	for ctx.Err() == nil && leadCtx.Err() == nil {
-		err := s.stream(ctx)
+		for s.streamPaused() && leadCtx.Err() == nil {
+			sleep(leadCtx, 50*time.Millisecond)
+		}
+		sctx, endStream := context.WithCancel(ctx)
 		s.mu.Lock()
-		s.streamUp = false
+		s.endStream = endStream
+		s.mu.Unlock()
+		err := s.stream(sctx)
+		closedForBacklog := sctx.Err() != nil && ctx.Err() == nil // noteBacklogLocked closed it
+		endStream()
+		s.mu.Lock()
+		s.streamUp, s.endStream = false, nil
 		s.window, s.cut = nil, cut{}
 		if s.mode == streaming {
 			s.setModeLocked(leaving, "the replication stream broke")
 		}
 		s.mu.Unlock()
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return
+		case closedForBacklog:
+			// Dropped, the slot keeps no WAL while the polls drain; the stream opens again
+			// on a new slot.
+			s.awaitSlotInactive(ctx)
+			if err := s.dropSlot(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("outbox relay: dropping the slot while polling a backlog failed", "slot", s.cfg.Slot, "err", err)
+			}
+			continue
 		}
 		s.log.Warn("outbox relay: the replication stream broke; polling until it is back", "slot", s.cfg.Slot, "err", err)
 		sleep(leadCtx, s.cfg.StandbyRetry)
 	}
+}
+
+func (s *Store) streamPaused() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.paused
 }
 
 // stream creates the slot if it is missing, starts replication and reads it until ctx
@@ -389,24 +416,43 @@ func (s *Store) confirm(ctx context.Context, conn *pgconn.PgConn, reply bool) er
 	return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, ReplyRequested: reply})
 }
 
+// dropSlot drops the slot (the table holds every event its WAL brings).
+func (s *Store) dropSlot(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", s.cfg.Slot); err != nil {
+		return fmt.Errorf("dropping replication slot %s: %w", s.cfg.Slot, err)
+	}
+	return nil
+}
+
 // ensureSlot creates the slot if it does not exist (the first start, or after it was
-// dropped or invalidated and dropped by an operator).
+// dropped or invalidated and dropped by an operator). A slot that lost its WAL, or that is
+// further behind the server than MaxSlotLag, is dropped and created again at the server's
+// position: the table holds every event of the WAL skipped, and the store polls it.
 func (s *Store) ensureSlot(ctx context.Context) error {
-	var exists bool
-	var status *string
-	err := s.pool.QueryRow(ctx, "SELECT true, wal_status FROM pg_replication_slots WHERE slot_name = $1", s.cfg.Slot).Scan(&exists, &status)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	st, err := sqlstore.ReadSlot(ctx, pgxdb.Querier{Q: s.pool}, s.cfg.Slot)
+	if err != nil {
 		return err
 	}
-	if exists && status != nil && *status == "lost" {
-		s.log.Error("outbox relay: the replication slot lost its WAL (max_slot_wal_keep_size); dropping and creating it again, the table holds every undelivered event", "slot", s.cfg.Slot)
-		if _, err := s.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", s.cfg.Slot); err != nil {
+	var why string
+	switch {
+	case !st.Exists:
+	case st.WALStatus == "lost":
+		why = "the replication slot lost its WAL (max_slot_wal_keep_size)"
+	case s.cfg.MaxSlotLag > 0 && st.Lag > s.cfg.MaxSlotLag: // a relay stopped, or a backlog polled
+		why = fmt.Sprintf("the replication slot is %d MiB of WAL behind the server (MaxSlotLag %d MiB): reading the table is cheaper than decoding that WAL",
+			st.Lag>>20, s.cfg.MaxSlotLag>>20)
+	default:
+		return nil
+	}
+	if why != "" {
+		level := slog.LevelInfo
+		if st.WALStatus == "lost" {
+			level = slog.LevelError // max_slot_wal_keep_size was reached: the guard worked, but look why
+		}
+		s.log.Log(ctx, level, "outbox relay: "+why+"; dropping the slot and creating it again, the table holds every undelivered event", "slot", s.cfg.Slot)
+		if err := s.dropSlot(ctx); err != nil {
 			return err
 		}
-		exists = false
-	}
-	if exists {
-		return nil
 	}
 	_, err = s.pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", s.cfg.Slot)
 	var pgErr *pgconn.PgError
