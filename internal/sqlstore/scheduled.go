@@ -26,6 +26,8 @@ const (
 	// due sooner: a row scheduled by another process for earlier than the store thought is
 	// moved at most this late. One index probe each time.
 	dueRecheck = 250 * time.Millisecond
+	// dueMinRecheck is the least time between two looks.
+	dueMinRecheck = 5 * time.Millisecond
 	// scheduledInsertRows keeps one INSERT of scheduled rows under every dialect's
 	// parameter limit (8 a row; SQLite's old builds allow 999).
 	scheduledInsertRows  = 120
@@ -173,6 +175,8 @@ type dueMover struct {
 }
 
 // move moves the due rows of n's scheduled table into the outbox when it is time to look.
+// A look is one index probe (nextDue) while nothing is due, the common case: an idle
+// outbox costs one statement per dueRecheck, not a transaction.
 func (m *dueMover) move(ctx context.Context, d Dialect, db DB, n *Names) error {
 	if !m.mu.TryLock() {
 		return nil
@@ -182,21 +186,31 @@ func (m *dueMover) move(ctx context.Context, d Dialect, db DB, n *Names) error {
 	if !m.checkAt.IsZero() && now.Before(m.checkAt) {
 		return nil
 	}
-	moved, err := moveDue(ctx, d, db, n, moveLimit)
-	if err != nil {
-		return err
-	}
-	if moved == moveLimit {
-		m.checkAt = time.Time{} // more are due: move them at the next claim
-		return nil
-	}
 	next, err := nextDue(ctx, db, n)
 	if err != nil {
 		return fmt.Errorf("reading the next due scheduled event of %s: %w", n.Outbox, err)
 	}
+	if !next.IsZero() && !next.After(now) {
+		moved, err := moveDue(ctx, d, db, n, moveLimit)
+		if err != nil {
+			return err
+		}
+		if moved == moveLimit {
+			m.checkAt = time.Time{} // more are due: move them at the next claim
+			return nil
+		}
+		if next, err = nextDue(ctx, db, n); err != nil {
+			return fmt.Errorf("reading the next due scheduled event of %s: %w", n.Outbox, err)
+		}
+	}
 	m.checkAt = now.Add(dueRecheck)
 	if !next.IsZero() && next.Before(m.checkAt) {
+		// Not before dueMinRecheck: a database clock behind ours would otherwise make
+		// every claim look again until it catches up.
 		m.checkAt = next
+		if floor := now.Add(dueMinRecheck); m.checkAt.Before(floor) {
+			m.checkAt = floor
+		}
 	}
 	return nil
 }
