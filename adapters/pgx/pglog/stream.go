@@ -224,8 +224,8 @@ func (s *Store) maintain(ctx context.Context, lockConn *pgx.Conn) error {
 // (noteBacklogLocked). leadCtx ending stops reconnecting.
 func (s *Store) streamLoop(ctx, leadCtx context.Context) {
 	for ctx.Err() == nil && leadCtx.Err() == nil {
-		for s.streamPaused() && leadCtx.Err() == nil {
-			sleep(leadCtx, 50*time.Millisecond)
+		for s.streamPaused() && ctx.Err() == nil && leadCtx.Err() == nil {
+			sleep(ctx, 50*time.Millisecond)
 		}
 		sctx, endStream := context.WithCancel(ctx)
 		s.mu.Lock()
