@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -108,22 +109,16 @@ func (t *consumerTelemetry) startProcess(ctx context.Context, m outbox.Message, 
 	} else if sc := trace.SpanContextFromContext(pctx); sc.IsValid() {
 		opts = []trace.SpanStartOption{processKind[0], trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: sc})}
 	}
-	ctx, span := t.tracer.Start(ctx, "process", opts...)
+	name := "process"
+	if dest != "" {
+		name = t.processName(dest) // named at the start: a rename takes the span's lock
+	}
+	ctx, span := t.tracer.Start(ctx, name, opts...)
 	if !span.IsRecording() {
 		return ctx, span
 	}
-	if dest != "" {
-		span.SetName(t.processName(dest))
-	}
-	n := 6
-	if t.system != "" {
-		n++
-	}
-	if dest != "" {
-		n++
-	}
-	attrs := make([]attribute.KeyValue, 0, n)
-	attrs = append(attrs,
+	buf := processAttrsPool.Get().(*[maxProcessAttrs]attribute.KeyValue)
+	attrs := append(buf[:0],
 		semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"),
 		semconv.MessagingMessageID(m.ID.String()),
@@ -137,8 +132,18 @@ func (t *consumerTelemetry) startProcess(ctx context.Context, m outbox.Message, 
 		attrs = append(attrs, semconv.MessagingDestinationName(dest))
 	}
 	span.SetAttributes(attrs...)
+	clear(attrs) // keep no event's strings alive in the pool
+	processAttrsPool.Put(buf)
 	return ctx, span
 }
+
+// maxProcessAttrs is how many attributes startProcess sets on a process span.
+const maxProcessAttrs = 8
+
+// processAttrsPool holds the arrays startProcess passes a span its attributes in: a span
+// copies what it is given (it keeps them past the call, in a slice of its own), and a
+// fresh array per delivery was the largest allocation of telemetry's own.
+var processAttrsPool = sync.Pool{New: func() any { return new([maxProcessAttrs]attribute.KeyValue) }}
 
 // processed records a handler's run on its span and in messaging.process.duration.
 func (t *consumerTelemetry) processed(ctx context.Context, span trace.Span, m outbox.Message, dest string, start time.Time, err error) {

@@ -13,6 +13,8 @@ import (
 	"errors"
 	"iter"
 	"maps"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +35,95 @@ const Scope = "github.com/txoutbox/outbox"
 // Trace Context (traceparent, tracestate: the CloudEvents distributed-tracing extension),
 // whatever the application installed, then the global propagator (baggage, or another
 // format the application asked for).
-var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(
-	traceContext{}, otel.GetTextMapPropagator())
+var Propagator propagation.TextMapPropagator = propagator{}
+
+// propagator is traceContext, then the global propagator, as a composite of the two would
+// be, with less work per event: it extracts traceparent once (the global propagator is not
+// shown the headers traceContext read: an application that installed TraceContext would
+// parse them a second time, on the general path), and it skips the global propagator while
+// the application has installed none (it takes a lock to find it has nothing to do).
+type propagator struct{}
+
+func (propagator) Inject(ctx context.Context, c propagation.TextMapCarrier) {
+	traceContext{}.Inject(ctx, c)
+	if g := globalPropagator(); g != nil {
+		g.Inject(ctx, c)
+	}
+}
+
+func (propagator) Extract(ctx context.Context, c propagation.TextMapCarrier) context.Context {
+	ctx = traceContext{}.Extract(ctx, c)
+	if g := globalPropagator(); g != nil {
+		if m, ok := c.(propagation.MapCarrier); ok {
+			ctx = g.Extract(ctx, withoutTraceContextMap(m))
+		} else {
+			ctx = g.Extract(ctx, withoutTraceContext{c})
+		}
+	}
+	return ctx
+}
+
+func (propagator) Fields() []string {
+	fields := traceContext{}.Fields()
+	if g := globalPropagator(); g != nil {
+		for _, f := range g.Fields() {
+			if !slices.Contains(fields, f) {
+				fields = append(fields, f)
+			}
+		}
+	}
+	return fields
+}
+
+// uninstalled is the global propagator before the application installs one: it delegates
+// to what the application installs later, and until then does nothing. otel hands out the
+// installed one itself from then on. Comparable and fieldless, or it is not that one (an
+// application that installed a propagator before this package was initialized).
+var (
+	uninstalled     = otel.GetTextMapPropagator()
+	skipUninstalled = reflect.TypeOf(uninstalled).Comparable() && len(uninstalled.Fields()) == 0
+)
+
+// globalPropagator is the application's propagator, nil while it installed none.
+func globalPropagator() propagation.TextMapPropagator {
+	g := otel.GetTextMapPropagator()
+	if skipUninstalled && g == uninstalled {
+		return nil
+	}
+	return g
+}
+
+// withoutTraceContext and withoutTraceContextMap are carriers without traceparent and
+// tracestate, for the global propagator once traceContext read them. The map's is the
+// common case, and it is pointer-shaped: passing it allocates nothing.
+type (
+	withoutTraceContext    struct{ c propagation.TextMapCarrier }
+	withoutTraceContextMap propagation.MapCarrier
+)
+
+func (w withoutTraceContext) Get(key string) string {
+	if isTraceContext(key) {
+		return ""
+	}
+	return w.c.Get(key)
+}
+func (w withoutTraceContext) Set(key, value string) { w.c.Set(key, value) }
+func (w withoutTraceContext) Keys() []string {
+	return slices.DeleteFunc(slices.Clone(w.c.Keys()), isTraceContext) // the carrier's may be its own
+}
+
+func (w withoutTraceContextMap) Get(key string) string {
+	if isTraceContext(key) {
+		return ""
+	}
+	return w[key]
+}
+func (w withoutTraceContextMap) Set(key, value string) { w[key] = value }
+func (w withoutTraceContextMap) Keys() []string {
+	return slices.DeleteFunc(propagation.MapCarrier(w).Keys(), isTraceContext)
+}
+
+func isTraceContext(key string) bool { return key == "traceparent" || key == "tracestate" }
 
 // traceContext is propagation.TraceContext with a faster Extract for the common
 // traceparent (version 00): every delivery extracts one, and the consumer's hot path should

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -80,5 +82,53 @@ func TestPropagatorRoundTrip(t *testing.T) {
 	h["traceparent"] = "01" + h["traceparent"][2:] + "-future"
 	if got := trace.SpanContextFromContext(Propagator.Extract(context.Background(), h)); got.TraceID() != tid {
 		t.Fatalf("a future version's traceparent %q: extracted %v", h["traceparent"], got)
+	}
+}
+
+// sawTraceparent is a propagator that records whether it was shown a traceparent.
+type sawTraceparent struct{ saw *bool }
+
+func (s sawTraceparent) Inject(context.Context, propagation.TextMapCarrier) {}
+func (s sawTraceparent) Extract(ctx context.Context, c propagation.TextMapCarrier) context.Context {
+	*s.saw = *s.saw || c.Get("traceparent") != ""
+	return ctx
+}
+func (s sawTraceparent) Fields() []string { return []string{"traceparent"} }
+
+// TestPropagatorExtractsTraceContextOnce: with the application's propagator installed as
+// docs/observability.md shows (TraceContext and Baggage), Propagator reads the trace
+// context and the baggage as the composite of the two did, and the application's
+// propagator is not shown traceparent again.
+func TestPropagatorExtractsTraceContextOnce(t *testing.T) {
+	saw := false
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(
+		propagation.TraceContext{}, propagation.Baggage{}, sawTraceparent{&saw}))
+	h := propagation.MapCarrier{
+		"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"tracestate":  "vendor=x",
+		"baggage":     "tenant=acme",
+	}
+	want := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	for _, c := range []propagation.TextMapCarrier{h, propagation.HeaderCarrier{}} {
+		if hc, ok := c.(propagation.HeaderCarrier); ok {
+			for k, v := range h {
+				hc.Set(k, v)
+			}
+		}
+		got, exp := Propagator.Extract(context.Background(), c), want.Extract(context.Background(), c)
+		if sc := trace.SpanContextFromContext(got); !sc.Equal(trace.SpanContextFromContext(exp)) || !sc.IsValid() {
+			t.Errorf("%T: extracted %v, want %v", c, sc, trace.SpanContextFromContext(exp))
+		}
+		if b := baggage.FromContext(got).Member("tenant").Value(); b != "acme" {
+			t.Errorf("%T: baggage tenant = %q, want acme", c, b)
+		}
+	}
+	if saw {
+		t.Error("the application's propagator was shown traceparent: the trace context was extracted twice")
+	}
+	out := propagation.MapCarrier{}
+	Propagator.Inject(Propagator.Extract(context.Background(), h), out)
+	if out["traceparent"] != h["traceparent"] || out["baggage"] != h["baggage"] {
+		t.Errorf("injected %v, want the traceparent and baggage of %v", out, h)
 	}
 }
