@@ -3,13 +3,11 @@ package consumer_test
 import (
 	"context"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/txoutbox/outbox"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/internal/benchtest"
 )
 
 // BenchmarkRun measures the consumer runtime itself: receiving from a receiver that hands
@@ -48,8 +46,7 @@ func BenchmarkRun(b *testing.B) {
 					}
 					msgs[i] = m
 				}
-				r := &readyReceiver{msgs: msgs}
-				r.done.Add(b.N)
+				r := benchtest.NewReadyReceiver(msgs)
 				c, err := consumer.New(r, &consumer.Config{Name: "bench", DeadLetters: &memoryDLQ{}, Concurrency: 32, BatchSize: 32})
 				if err != nil {
 					b.Fatal(err)
@@ -60,13 +57,13 @@ func BenchmarkRun(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				go func() { ran <- c.Run(ctx) }()
-				r.done.Wait()
+				r.Wait()
 				b.StopTimer()
 				cancel()
 				if err := <-ran; err != nil {
 					b.Fatal(err)
 				}
-				if n := r.acked.Load(); n != int64(b.N) {
+				if n := r.Acked(); n != int64(b.N) {
 					b.Fatalf("%d acked, want %d", n, b.N)
 				}
 			})
@@ -85,40 +82,3 @@ func deep(level, x int) int {
 	}
 	return deep(level-1, x+1) + pad[level%32]
 }
-
-// readyReceiver hands out msgs in order; its deliveries acknowledge at no cost.
-type readyReceiver struct {
-	msgs  []outbox.Message
-	next  atomic.Int64
-	acked atomic.Int64
-	done  sync.WaitGroup
-}
-
-func (r *readyReceiver) Receive(ctx context.Context, limit int) ([]outbox.Delivery, error) {
-	end := r.next.Add(int64(limit))
-	start := end - int64(limit)
-	if start >= int64(len(r.msgs)) {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	end = min(end, int64(len(r.msgs)))
-	ds := make([]outbox.Delivery, 0, end-start)
-	for i := start; i < end; i++ {
-		ds = append(ds, &readyDelivery{r: r, m: &r.msgs[i]})
-	}
-	return ds, nil
-}
-
-type readyDelivery struct {
-	r *readyReceiver
-	m *outbox.Message
-}
-
-func (d *readyDelivery) Message() (outbox.Message, error) { return *d.m, nil }
-func (d *readyDelivery) Attempt() int                     { return 1 }
-func (d *readyDelivery) Ack(context.Context) error {
-	d.r.acked.Add(1)
-	d.r.done.Done()
-	return nil
-}
-func (d *readyDelivery) Nack(context.Context, time.Duration) error { return nil }

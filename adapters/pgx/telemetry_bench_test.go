@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	outboxpgx "github.com/txoutbox/outbox/adapters/pgx"
 	"github.com/txoutbox/outbox/adapters/pgx/pgxtest"
 	"github.com/txoutbox/outbox/consumer"
+	"github.com/txoutbox/outbox/internal/benchtest"
 	"github.com/txoutbox/outbox/outboxtest"
 	"github.com/txoutbox/outbox/relay"
 	outboxmemory "github.com/txoutbox/outbox/transports/memory"
@@ -211,8 +210,7 @@ func BenchmarkConsumerTelemetry(b *testing.B) {
 			for i, e := range tracedEvents(b.N) {
 				msgs[i], _ = e.Encode()
 			}
-			r := &readyReceiver{msgs: msgs}
-			r.done.Add(b.N)
+			r := namedReceiver{benchtest.NewReadyReceiver(msgs)}
 			cfg := consumer.Config{Name: "bench", DeadLetters: &outboxtest.DeadLetters{}, Concurrency: 32, BatchSize: 32}
 			if on {
 				cfg.TracerProvider, cfg.MeterProvider = tp, mp
@@ -228,7 +226,7 @@ func BenchmarkConsumerTelemetry(b *testing.B) {
 			b.ResetTimer()
 			cpu := cpuTime()
 			go func() { ran <- c.Run(ctx) }()
-			r.done.Wait()
+			r.Wait()
 			b.StopTimer()
 			b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu_ns/op")
 			cancel()
@@ -239,38 +237,9 @@ func BenchmarkConsumerTelemetry(b *testing.B) {
 	}
 }
 
-// readyReceiver hands out msgs in order, from the destination "orders"; its deliveries
-// acknowledge at no cost.
-type readyReceiver struct {
-	msgs []outbox.Message
-	next atomic.Int64
-	done sync.WaitGroup
-}
+// namedReceiver is a benchtest.ReadyReceiver whose messages come from the destination
+// "orders": the process spans are named after it, as a real broker's are.
+type namedReceiver struct{ *benchtest.ReadyReceiver }
 
-func (r *readyReceiver) Receive(ctx context.Context, limit int) ([]outbox.Delivery, error) {
-	end := r.next.Add(int64(limit))
-	start := end - int64(limit)
-	if start >= int64(len(r.msgs)) {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	end = min(end, int64(len(r.msgs)))
-	ds := make([]outbox.Delivery, 0, end-start)
-	for i := start; i < end; i++ {
-		ds = append(ds, readyDelivery{r: r, m: &r.msgs[i]})
-	}
-	return ds, nil
-}
-
-func (r *readyReceiver) MessagingSystem() string               { return "memory" }
-func (r *readyReceiver) DestinationName(outbox.Message) string { return "orders" }
-
-type readyDelivery struct {
-	r *readyReceiver
-	m *outbox.Message
-}
-
-func (d readyDelivery) Message() (outbox.Message, error)          { return *d.m, nil }
-func (d readyDelivery) Attempt() int                              { return 1 }
-func (d readyDelivery) Ack(context.Context) error                 { d.r.done.Done(); return nil }
-func (d readyDelivery) Nack(context.Context, time.Duration) error { return nil }
+func (namedReceiver) MessagingSystem() string               { return "memory" }
+func (namedReceiver) DestinationName(outbox.Message) string { return "orders" }
