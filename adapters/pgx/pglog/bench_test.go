@@ -9,10 +9,11 @@ package outboxpglog_test
 // (-v: without it, go test keeps only the first 10 lines each logs: the relays' logs and
 // the duplicates are there.)
 //
-//   - rate=1k: events committed one per transaction at 1,000/s for $TXOUTBOX_BENCH_RATE_FOR
-//     (default 20s) per relay after a 3s warm-up: database CPU per event of the relay's
-//     backends (the log relay's include its lock connection and its slot's walsender) and
-//     commit → transport latency. Run it with -count 3 for several runs.
+//   - rate=1k: events committed one per transaction (or $TXOUTBOX_BENCH_EVENTS_PER_TX) at
+//     1,000/s for $TXOUTBOX_BENCH_RATE_FOR (default 20s) per relay after a 3s warm-up:
+//     database CPU per event of the relay's backends (the log relay's include its lock
+//     connection and its slot's walsender) and commit → transport latency. Run it with
+//     -count 3 for several runs.
 //   - backlog=100k and backlog=1M (the second only with $TXOUTBOX_BENCH_1M set): a backlog
 //     committed with COPY while no relay runs (the log relay's slot exists, confirmed
 //     before the backlog: a relay that restarts after a stop), a CHECKPOINT, then a relay
@@ -31,6 +32,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -417,6 +419,7 @@ type producers struct {
 	ids      []uuid.UUID
 	at       map[uuid.UUID]time.Time // commit returned
 	late     atomic.Int64            // commits that began more than 10 ms after their time
+	perTx    int                     // events in one transaction (TXOUTBOX_BENCH_EVENTS_PER_TX, default 1)
 }
 
 const producerWorkers = 8
@@ -426,13 +429,15 @@ func newProducers(b *testing.B, srv *pgxtest.Server, o *pgxtest.Outbox) *produce
 	if err := pool.Ping(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	return &producers{o: o, pool: pool, backends: backends, at: map[uuid.UUID]time.Time{}}
+	perTx, _ := strconv.Atoi(os.Getenv("TXOUTBOX_BENCH_EVENTS_PER_TX"))
+	return &producers{o: o, pool: pool, backends: backends, at: map[uuid.UUID]time.Time{}, perTx: max(perTx, 1)}
 }
 
-// run commits events at perSecond until d has passed or ctx ends, event i due at
-// start + i/perSecond, and returns how many it committed.
+// run commits events at perSecond, p.perTx to a transaction, until d has passed or ctx
+// ends, transaction i due at start + i·perTx/perSecond, and returns how many events it
+// committed.
 func (p *producers) run(ctx context.Context, b *testing.B, perSecond int, d time.Duration) int {
-	interval := time.Second / time.Duration(perSecond)
+	interval := time.Second * time.Duration(p.perTx) / time.Duration(perSecond)
 	start := time.Now()
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
@@ -452,8 +457,13 @@ func (p *producers) run(ctx context.Context, b *testing.B, perSecond int, d time
 				if time.Since(due) > 10*time.Millisecond {
 					p.late.Add(1)
 				}
-				e := outbox.New(benchEvent{N: i, Total: 42})
-				if err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error { return p.o.Publish(ctx, tx, e) }); err != nil {
+				events := make([]outbox.Encodable, p.perTx)
+				ids := make([]uuid.UUID, p.perTx)
+				for j := range events {
+					e := outbox.New(benchEvent{N: i*int64(p.perTx) + int64(j), Total: 42})
+					events[j], ids[j] = e, e.ID
+				}
+				if err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error { return p.o.Publish(ctx, tx, events...) }); err != nil {
 					if ctx.Err() == nil {
 						b.Error(err)
 					}
@@ -461,10 +471,12 @@ func (p *producers) run(ctx context.Context, b *testing.B, perSecond int, d time
 				}
 				now := time.Now()
 				p.mu.Lock()
-				p.ids = append(p.ids, e.ID)
-				p.at[e.ID] = now
+				p.ids = append(p.ids, ids...)
+				for _, id := range ids {
+					p.at[id] = now
+				}
 				p.mu.Unlock()
-				done.Add(1)
+				done.Add(int64(p.perTx))
 			}
 		})
 	}
