@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -29,17 +30,11 @@ func (l *logFlags) add(a *app, fs *flag.FlagSet, usage string) {
 
 // slotOf and publicationOf are the names the flags give, or the defaults for n's outbox.
 func (l *logFlags) slotOf(n *sqlstore.Names) string {
-	if l.slot != "" {
-		return l.slot
-	}
-	return sqlstore.DefaultLogName(n)
+	return cmp.Or(l.slot, sqlstore.DefaultLogName(n))
 }
 
 func (l *logFlags) publicationOf(n *sqlstore.Names) string {
-	if l.publication != "" {
-		return l.publication
-	}
-	return sqlstore.DefaultLogName(n)
+	return cmp.Or(l.publication, sqlstore.DefaultLogName(n))
 }
 
 // check validates the names the flags give.

@@ -112,11 +112,37 @@ func DropLog(ctx context.Context, q Querier, slot, pub string) error {
 	if err := errors.Join(CheckLogName("slot", slot), CheckLogName("publication", pub)); err != nil {
 		return err
 	}
-	if _, err := scanRow(ctx, q, nil, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot); err != nil {
-		return fmt.Errorf("dropping slot %s: %w", slot, err)
+	if err := DropSlot(ctx, q, slot); err != nil {
+		return err
 	}
 	if err := q.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pub); err != nil {
 		return fmt.Errorf("dropping publication %s: %w", pub, err)
+	}
+	return nil
+}
+
+// CreateSlot creates the logical replication slot (pgoutput) if it does not exist, and
+// reports whether it did. It waits for the transactions running on the server to end (the
+// slot's consistent point).
+func CreateSlot(ctx context.Context, q Querier, slot string) (bool, error) {
+	if err := CheckLogName("slot", slot); err != nil {
+		return false, err
+	}
+	err := q.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+	switch {
+	case isDuplicateObject(err): // created meanwhile
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("creating replication slot %s: %w", slot, err)
+	}
+	return true, nil
+}
+
+// DropSlot drops the replication slot if it exists. A slot that a relay reads cannot be
+// dropped: the server's error says so.
+func DropSlot(ctx context.Context, q Querier, slot string) error {
+	if _, err := scanRow(ctx, q, nil, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot); err != nil {
+		return fmt.Errorf("dropping replication slot %s: %w", slot, err)
 	}
 	return nil
 }
@@ -144,10 +170,8 @@ func ReadSlot(ctx context.Context, q Querier, slot string) (outboxdriver.SlotSta
 // isDuplicateObject reports whether err is PostgreSQL's duplicate_object (42710): the
 // publication or slot was created meanwhile.
 func isDuplicateObject(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if code, ok := sqlState(e); ok {
-			return code == "42710"
-		}
-	}
-	return false
+	return walk(err, func(e error) bool {
+		state, ok := sqlState(e)
+		return ok && state == "42710"
+	})
 }

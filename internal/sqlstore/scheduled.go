@@ -187,21 +187,19 @@ func (m *dueMover) move(ctx context.Context, d Dialect, db DB, n *Names) error {
 		return nil
 	}
 	next, err := nextDue(ctx, db, n)
-	if err != nil {
-		return fmt.Errorf("reading the next due scheduled event of %s: %w", n.Outbox, err)
-	}
-	if !next.IsZero() && !next.After(now) {
-		moved, err := moveDue(ctx, d, db, n, moveLimit)
-		if err != nil {
+	if err == nil && !next.IsZero() && !next.After(now) {
+		var moved int
+		if moved, err = moveDue(ctx, d, db, n, moveLimit); err != nil {
 			return err
 		}
 		if moved == moveLimit {
 			m.checkAt = time.Time{} // more are due: move them at the next claim
 			return nil
 		}
-		if next, err = nextDue(ctx, db, n); err != nil {
-			return fmt.Errorf("reading the next due scheduled event of %s: %w", n.Outbox, err)
-		}
+		next, err = nextDue(ctx, db, n) // what is left, for the next look
+	}
+	if err != nil {
+		return fmt.Errorf("reading the next due scheduled event of %s: %w", n.Outbox, err)
 	}
 	m.checkAt = now.Add(dueRecheck)
 	if !next.IsZero() && next.Before(m.checkAt) {

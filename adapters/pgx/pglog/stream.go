@@ -418,10 +418,7 @@ func (s *Store) confirm(ctx context.Context, conn *pgconn.PgConn, reply bool) er
 
 // dropSlot drops the slot (the table holds every event its WAL brings).
 func (s *Store) dropSlot(ctx context.Context) error {
-	if _, err := s.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", s.cfg.Slot); err != nil {
-		return fmt.Errorf("dropping replication slot %s: %w", s.cfg.Slot, err)
-	}
-	return nil
+	return sqlstore.DropSlot(ctx, pgxdb.Querier{Q: s.pool}, s.cfg.Slot)
 }
 
 // ensureSlot creates the slot if it does not exist (the first start, or after it was
@@ -429,41 +426,33 @@ func (s *Store) dropSlot(ctx context.Context) error {
 // further behind the server than MaxSlotLag, is dropped and created again at the server's
 // position: the table holds every event of the WAL skipped, and the store polls it.
 func (s *Store) ensureSlot(ctx context.Context) error {
-	st, err := sqlstore.ReadSlot(ctx, pgxdb.Querier{Q: s.pool}, s.cfg.Slot)
+	q := pgxdb.Querier{Q: s.pool}
+	st, err := sqlstore.ReadSlot(ctx, q, s.cfg.Slot)
 	if err != nil {
 		return err
 	}
-	var why string
-	switch {
-	case !st.Exists:
-	case st.WALStatus == "lost":
-		why = "the replication slot lost its WAL (max_slot_wal_keep_size)"
-	case s.cfg.MaxSlotLag > 0 && st.Lag > s.cfg.MaxSlotLag: // a relay stopped, or a backlog polled
-		why = fmt.Sprintf("the replication slot is %d MiB of WAL behind the server (MaxSlotLag %d MiB): reading the table is cheaper than decoding that WAL",
-			st.Lag>>20, s.cfg.MaxSlotLag>>20)
-	default:
-		return nil
-	}
-	if why != "" {
-		level := slog.LevelInfo
-		if st.WALStatus == "lost" {
-			level = slog.LevelError // max_slot_wal_keep_size was reached: the guard worked, but look why
+	if st.Exists {
+		var level slog.Level
+		var why string
+		switch {
+		case st.WALStatus == "lost": // max_slot_wal_keep_size was reached: the guard worked, but look why
+			level, why = slog.LevelError, "the replication slot lost its WAL (max_slot_wal_keep_size)"
+		case s.cfg.MaxSlotLag > 0 && st.Lag > s.cfg.MaxSlotLag: // a relay stopped, or a backlog polled
+			level, why = slog.LevelInfo, fmt.Sprintf("the replication slot is %d MiB of WAL behind the server (MaxSlotLag %d MiB): reading the table is cheaper than decoding that WAL",
+				st.Lag>>20, s.cfg.MaxSlotLag>>20)
+		default:
+			return nil
 		}
 		s.log.Log(ctx, level, "outbox relay: "+why+"; dropping the slot and creating it again, the table holds every undelivered event", "slot", s.cfg.Slot)
 		if err := s.dropSlot(ctx); err != nil {
 			return err
 		}
 	}
-	_, err = s.pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", s.cfg.Slot)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile
-		return nil
+	created, err := sqlstore.CreateSlot(ctx, q, s.cfg.Slot)
+	if created {
+		s.log.Info("outbox relay: created the replication slot", "slot", s.cfg.Slot)
 	}
-	if err != nil {
-		return fmt.Errorf("creating replication slot %s: %w", s.cfg.Slot, err)
-	}
-	s.log.Info("outbox relay: created the replication slot", "slot", s.cfg.Slot)
-	return nil
+	return err
 }
 
 // decoder turns the log's inserts into the outbox into claimed rows.

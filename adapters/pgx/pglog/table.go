@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txoutbox/outbox"
@@ -45,19 +46,13 @@ func (s *Store) flushDeletes(ctx context.Context) error {
 	rows, err := s.pool.Query(ctx, `WITH nosync AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 DELETE FROM `+s.names.Outbox+` WHERE seq = ANY ($1) AND claim_token IS NULL AND EXISTS (SELECT FROM nosync)
 RETURNING seq`, seqs)
-	deleted := make(map[int64]bool, len(seqs))
+	var gone []int64
 	if err == nil {
-		for rows.Next() {
-			var seq int64
-			if err = rows.Scan(&seq); err != nil {
-				break
-			}
-			deleted[seq] = true
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
+		gone, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	}
+	deleted := make(map[int64]bool, len(gone))
+	for _, seq := range gone {
+		deleted[seq] = true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -193,7 +188,7 @@ SELECT pg_current_snapshot()::text, pg_current_wal_lsn()::text, r.seq, r.key, r.
 // or written by a relay that polls the same table), or a change in the held rows (a dead
 // letter replayed or discarded). It reports why the store should poll, or "".
 func (s *Store) sweep(ctx context.Context) (string, error) {
-	// The unread CTE names every column the polls use: a table of another version fails
+	// The shape CTE names every column the polls use: a table of another version fails
 	// the sweep (outbox.ErrSchema) and the store polls, which report it.
 	// One row even when nothing is stale (the left join), so the held rows' count needs no
 	// statement of its own.
