@@ -105,7 +105,11 @@ func (s *mysqlStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]o
 		if err != nil {
 			return err
 		}
-		locked, err := scanClaimed(rows, p.Limit, nil)
+		expect := 0
+		if loop.backlog() {
+			expect = p.Limit
+		}
+		locked, err := scanClaimed(rows, expect, nil)
 		if err != nil {
 			return err
 		}

@@ -35,7 +35,11 @@ func (s *pgStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outb
 		step  int16
 		steps pgClaimSteps
 	)
-	claimed, err := scanClaimed(rows, p.Limit, func() { steps.count(step) }, &step)
+	expect := 0
+	if backlog {
+		expect = p.Limit
+	}
+	claimed, err := scanClaimed(rows, expect, func() { steps.count(step) }, &step)
 	if err != nil {
 		return nil, err
 	}

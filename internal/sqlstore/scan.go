@@ -155,16 +155,23 @@ func (r *outboxRow) message() (outbox.Message, error) {
 	return m, errors.New(strings.Join(problems, "; "))
 }
 
+// scanFirstCap is the size of a claim's result at its first row when the caller expects no
+// more (it grows from there); scanMaxCap bounds what a caller's expectation allocates.
+const scanFirstCap, scanMaxCap = 16, 10000
+
 // scanClaimed reads claimed rows (claimColumns, then the columns of tail) and returns them in
 // outbox order. A row that cannot be read into a valid message does not fail the others: it
 // comes back with Claimed.Err naming the column and the problem, for the relay to
-// dead-letter alone. limit is how many rows there can be at most (the claim's): the result
-// is sized for them at once instead of growing, and copying its large elements, row by row.
-// each, if not nil, is called after each row is read (into tail).
-func scanClaimed(rows Rows, limit int, each func(), tail ...any) ([]outboxdriver.Claimed, error) {
+// dead-letter alone. expect is how many rows the caller expects: the claim's limit when the
+// loop's last claim came back full (a backlog: the result is sized for them at once instead
+// of growing, and copying its large elements, row by row), 0 when it has no reason to
+// expect many. An empty claim allocates nothing: most of an idle relay's claims are empty,
+// and a result sized for 500 rows is 100 KB (in a group of 50 quiet outboxes, 80 % of all
+// the process allocated). each, if not nil, is called after each row is read (into tail).
+func scanClaimed(rows Rows, expect int, each func(), tail ...any) ([]outboxdriver.Claimed, error) {
 	defer rows.Close()
 	var (
-		out   = make([]outboxdriver.Claimed, 0, min(max(limit, 0), 10000))
+		out   []outboxdriver.Claimed
 		r     outboxRow
 		first lenientTime                                 // first_failed_at: a time the relay wrote, or NULL
 		dest  = append(append(r.dest(), &first), tail...) // one row and its targets for all: message copies what it keeps
@@ -179,6 +186,9 @@ func scanClaimed(rows Rows, limit int, each func(), tail ...any) ([]outboxdriver
 		}
 		c := outboxdriver.Claimed{Seq: r.seq, Attempts: r.attempts, FirstFailedAt: first.t}
 		c.Message, c.Err = r.message()
+		if out == nil {
+			out = make([]outboxdriver.Claimed, 0, min(max(expect, scanFirstCap), scanMaxCap))
+		}
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
