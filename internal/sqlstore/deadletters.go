@@ -2,7 +2,6 @@ package sqlstore
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"strconv"
@@ -222,8 +221,8 @@ func scanDeadLetters(rows Rows) ([]deadletter.Entry, error) {
 			}
 		}
 		if hdr != "" {
-			if err := json.Unmarshal([]byte(hdr), &m.Headers); err != nil {
-				m.Headers = nil
+			var err error
+			if m.Headers, err = decodeHeaders(hdr); err != nil {
 				unreadable(func(r *deadletter.Raw) { r.HeadersText = hdr })
 			}
 		}

@@ -27,15 +27,6 @@ func messageArgs(m outbox.Message) []any {
 	return []any{m.ID.String(), m.Type, m.Key, HeadersJSON(m.Headers), m.ContentType, m.Body, m.CreatedAt}
 }
 
-// HeadersJSON encodes headers for storage; nil for none.
-func HeadersJSON(h map[string]string) any {
-	if len(h) == 0 {
-		return nil
-	}
-	b, _ := json.Marshal(h) // a map[string]string always encodes
-	return string(b)
-}
-
 // insertChunks splits msgs into INSERT statements of at most maxRows rows and, past the
 // first row, maxBytes of bodies: large batches stay under the server's packet limit.
 func insertChunks(msgs []outbox.Message, maxRows, maxBytes int, fn func([]outbox.Message) error) error {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -137,8 +136,7 @@ func (r *outboxRow) message() (outbox.Message, error) {
 		problems = append(problems, fmt.Sprintf("column id: %q is not a UUID", r.id))
 	}
 	if r.headers != "" {
-		if err := json.Unmarshal([]byte(r.headers), &m.Headers); err != nil {
-			m.Headers = nil
+		if m.Headers, err = decodeHeaders(r.headers); err != nil {
 			problems = append(problems, fmt.Sprintf("column headers: %s is not a JSON object of strings (%v)", clip(r.headers), err))
 		}
 	}
