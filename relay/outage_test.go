@@ -348,7 +348,16 @@ func TestPingClearsAnOutageWithNothingToSend(t *testing.T) {
 	waitUntil(t, "the broker to be reported unavailable", func() bool { return !r.State().BrokerUnavailableSince.IsZero() })
 	store.mu.Lock()
 	store.rows = nil // drained by someone else
+	claims := len(store.limits)
 	store.mu.Unlock()
+	// A probe that claimed the row before it went may still be sending it; once a claim
+	// has found the outbox empty, that probe is over, and a send can no longer be what
+	// clears the outage when the broker comes back.
+	waitUntil(t, "a probe to find the outbox empty", func() bool {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return len(store.limits) > claims
+	})
 	sender.down.Store(false)
 	waitUntil(t, "a ping to report the broker available", func() bool { return r.State().Healthy() })
 	if sender.pings.Load() == 0 {
