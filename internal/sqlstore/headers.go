@@ -58,17 +58,20 @@ func plainHeadersJSON(h map[string]string) (string, bool) {
 	return b.String(), true
 }
 
-// plainJSON reports whether json.Marshal writes s between quotes as it is: printable ASCII
-// but the quote, the backslash and the characters it escapes for HTML (<, >, &).
+// plainJSON reports whether json.Marshal writes s between quotes as it is: plain bytes
+// (plainByte) but the quote and the characters it escapes for HTML (<, >, &).
 func plainJSON(s string) bool {
 	for i := range len(s) {
-		switch c := s[i]; {
-		case c < 0x20 || c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+		if c := s[i]; !plainByte(c) || c == '"' || c == '<' || c == '>' || c == '&' {
 			return false
 		}
 	}
 	return true
 }
+
+// plainByte reports whether c stands for itself in a JSON string, read or written:
+// printable ASCII but the backslash.
+func plainByte(c byte) bool { return c >= 0x20 && c < 0x7f && c != '\\' }
 
 // decodeHeaders parses the headers column. Like json.Unmarshal into a map, "null" gives a
 // nil map and "{}" an empty one.
@@ -90,7 +93,7 @@ func plainHeaders(s string) (m map[string]string, ok bool) {
 	if i == len(s) || s[i] != '{' {
 		return nil, false
 	}
-	m = make(map[string]string, strings.Count(s, ":"))
+	m = map[string]string{}
 	if i = skipJSONSpace(s, i+1); i < len(s) && s[i] == '}' {
 		return m, skipJSONSpace(s, i+1) == len(s)
 	}
@@ -128,7 +131,7 @@ func plainString(s string, i int) (v string, next int, ok bool) {
 		switch c := s[j]; {
 		case c == '"':
 			return s[i+1 : j], j + 1, true
-		case c < 0x20 || c >= 0x7f || c == '\\':
+		case !plainByte(c):
 			return "", 0, false
 		}
 	}

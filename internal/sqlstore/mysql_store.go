@@ -105,11 +105,7 @@ func (s *mysqlStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]o
 		if err != nil {
 			return err
 		}
-		expect := 0
-		if loop.backlog() {
-			expect = p.Limit
-		}
-		locked, err := scanClaimed(rows, expect, nil)
+		locked, err := scanClaimed(rows, p.Limit, loop.backlog(), nil)
 		if err != nil {
 			return err
 		}

@@ -35,11 +35,7 @@ func (s *pgStore) Claim(ctx context.Context, p outboxdriver.ClaimParams) ([]outb
 		step  int16
 		steps pgClaimSteps
 	)
-	expect := 0
-	if backlog {
-		expect = p.Limit
-	}
-	claimed, err := scanClaimed(rows, expect, func() { steps.count(step) }, &step)
+	claimed, err := scanClaimed(rows, p.Limit, backlog, func() { steps.count(step) }, &step)
 	if err != nil {
 		return nil, err
 	}

@@ -153,20 +153,20 @@ func (r *outboxRow) message() (outbox.Message, error) {
 	return m, errors.New(strings.Join(problems, "; "))
 }
 
-// scanFirstCap is the size of a claim's result at its first row when the caller expects no
-// more (it grows from there); scanMaxCap bounds what a caller's expectation allocates.
+// scanFirstCap is the size of a claim's result at its first row outside a backlog (it
+// grows from there); scanMaxCap bounds what a backlog's claim allocates at once.
 const scanFirstCap, scanMaxCap = 16, 10000
 
 // scanClaimed reads claimed rows (claimColumns, then the columns of tail) and returns them in
 // outbox order. A row that cannot be read into a valid message does not fail the others: it
 // comes back with Claimed.Err naming the column and the problem, for the relay to
-// dead-letter alone. expect is how many rows the caller expects: the claim's limit when the
-// loop's last claim came back full (a backlog: the result is sized for them at once instead
-// of growing, and copying its large elements, row by row), 0 when it has no reason to
-// expect many. An empty claim allocates nothing: most of an idle relay's claims are empty,
-// and a result sized for 500 rows is 100 KB (in a group of 50 quiet outboxes, 80 % of all
-// the process allocated). each, if not nil, is called after each row is read (into tail).
-func scanClaimed(rows Rows, expect int, each func(), tail ...any) ([]outboxdriver.Claimed, error) {
+// dead-letter alone. limit is the claim's; backlog says that the loop's last claim came back
+// full, so this one likely is too: its result is sized for limit rows at once instead of
+// growing, and copying its large elements, row by row. An empty claim allocates nothing:
+// most of an idle relay's claims are empty, and a result sized for 500 rows is 100 KB (in a
+// group of 50 quiet outboxes, 80 % of all the process allocated). each, if not nil, is
+// called after each row is read (into tail).
+func scanClaimed(rows Rows, limit int, backlog bool, each func(), tail ...any) ([]outboxdriver.Claimed, error) {
 	defer rows.Close()
 	var (
 		out   []outboxdriver.Claimed
@@ -185,7 +185,11 @@ func scanClaimed(rows Rows, expect int, each func(), tail ...any) ([]outboxdrive
 		c := outboxdriver.Claimed{Seq: r.seq, Attempts: r.attempts, FirstFailedAt: first.t}
 		c.Message, c.Err = r.message()
 		if out == nil {
-			out = make([]outboxdriver.Claimed, 0, min(max(expect, scanFirstCap), scanMaxCap))
+			size := scanFirstCap
+			if backlog {
+				size = min(limit, scanMaxCap)
+			}
+			out = make([]outboxdriver.Claimed, 0, size)
 		}
 		out = append(out, c)
 	}

@@ -19,17 +19,18 @@ func (r *fakeRows) Close()            {}
 func TestScanClaimedSizesItsResult(t *testing.T) {
 	for _, tc := range []struct {
 		name            string
-		rows, expect    int
+		rows, limit     int
+		backlog         bool
 		wantLen, atMost int
 	}{
-		{"empty claim", 0, 0, 0, 0},
-		{"empty claim of a loop in a backlog", 0, 500, 0, 0},
-		{"one row", 1, 0, 1, scanFirstCap},
-		{"a backlog's full claim, sized at once", 500, 500, 500, 500},
-		{"more rows than expected: it grows", 40, 0, 40, 100},
+		{"empty claim", 0, 500, false, 0, 0},
+		{"empty claim of a loop in a backlog", 0, 500, true, 0, 0},
+		{"one row", 1, 500, false, 1, scanFirstCap},
+		{"a backlog's full claim, sized at once", 500, 500, true, 500, 500},
+		{"more rows than expected: it grows", 40, 500, false, 40, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := scanClaimed(&fakeRows{n: tc.rows}, tc.expect, nil)
+			got, err := scanClaimed(&fakeRows{n: tc.rows}, tc.limit, tc.backlog, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

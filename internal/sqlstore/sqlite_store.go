@@ -67,7 +67,7 @@ RETURNING seq, id, type, "key", `+s.sql.headers+`, content_type, body, created_a
 	if err != nil {
 		return nil, err
 	}
-	leased, err := scanClaimed(rows, 0, nil) // no loop state: grows from its first row
+	leased, err := scanClaimed(rows, p.Limit, false, nil) // no loop state: grows from its first row
 	if err != nil || onlyKeyless {
 		return leased, err
 	}
